@@ -1,0 +1,39 @@
+"""tierstore: AdamW whose state lives in a bounded slice of host RAM and files on local disk."""
+
+from .errors import (
+    BackendError,
+    BudgetError,
+    ClosedError,
+    ConfigError,
+    CorruptStateError,
+    DiskFullError,
+    FormatVersionError,
+    LayoutMismatchError,
+    ParamsChangedError,
+    StateDirError,
+    StateDirInUseError,
+    StateExistsError,
+    TierstoreError,
+)
+from .sizes import format_size, parse_size
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "BudgetError",
+    "ClosedError",
+    "ConfigError",
+    "CorruptStateError",
+    "DiskFullError",
+    "FormatVersionError",
+    "LayoutMismatchError",
+    "ParamsChangedError",
+    "StateDirError",
+    "StateDirInUseError",
+    "StateExistsError",
+    "TierstoreError",
+    "format_size",
+    "parse_size",
+    "__version__",
+]
