@@ -1,0 +1,161 @@
+"""The contract every I/O backend fulfils: a preallocated file of shard extents.
+
+A backend reads and writes whole byte ranges at given offsets of one file,
+from and into page-aligned host buffers. It never decides *what* to read:
+the store and the prefetch pipeline do that. Backends are measured against
+each other by ``tierstore bench io`` and all pass the same conformance kit
+(``tierstore.testing.backend``).
+
+Example
+-------
+>>> import tempfile, pathlib
+>>> from tierstore.backends import open_backend
+>>> from tierstore.hostmem import HostBuffer
+>>> d = pathlib.Path(tempfile.mkdtemp())
+>>> f = open_backend("mmap", d / "state.bin", 8192, create=True)
+>>> buf = HostBuffer(4096); _ = buf.tensor.fill_(7)
+>>> f.write_from(buf.view, 4096); f.sync()
+>>> out = HostBuffer(4096); f.read_into(out.view, 4096); int(out.tensor[0])
+7
+>>> f.close(); buf.close(); out.close()
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import ClassVar
+
+from ..errors import BackendError, CorruptStateError, DiskFullError
+
+
+class ShardFile(ABC):
+    """A file of ``nbytes`` bytes addressed by offset.
+
+    Parameters
+    ----------
+    path
+        The file. With ``create=True`` it is created (or extended) and its
+        blocks are allocated up front; otherwise it must exist with at least
+        ``nbytes`` bytes.
+    nbytes
+        The file's size in bytes (a multiple of 4096).
+    create
+        Create and preallocate the file.
+
+    Raises
+    ------
+    DiskFullError
+        If the blocks cannot be allocated.
+    CorruptStateError
+        If an existing file is shorter than ``nbytes`` or missing.
+    BackendError
+        If the filesystem does not support this backend.
+    """
+
+    name: ClassVar[str] = "abstract"
+    #: True when several requests in flight on this file overlap usefully.
+    parallel: ClassVar[bool] = True
+
+    def __init__(self, path: Path | str, nbytes: int, *, create: bool) -> None:
+        self.path = Path(path)
+        self.nbytes = int(nbytes)
+        self.closed = False
+
+    @abstractmethod
+    def read_into(self, buffer: memoryview, offset: int) -> None:
+        """Fill ``buffer`` with the file's bytes at ``[offset, offset + len(buffer))``."""
+
+    @abstractmethod
+    def write_from(self, buffer: memoryview, offset: int) -> None:
+        """Write ``buffer`` to the file at ``offset``."""
+
+    @abstractmethod
+    def sync(self) -> None:
+        """Return once every completed write is durable on the drive."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the file; safe to call twice."""
+
+    def __enter__(self) -> ShardFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- shared helpers for backends built on a file descriptor ---------
+    def _check_range(self, buffer: memoryview, offset: int) -> None:
+        if offset < 0 or offset + len(buffer) > self.nbytes:
+            raise BackendError(
+                f"request [{offset}, {offset + len(buffer)}) lies outside {self.path} "
+                f"({self.nbytes} bytes); this is a tierstore bug, please report it"
+            )
+
+
+def open_fd(path: Path, nbytes: int, *, create: bool, flags: int) -> int:
+    """Open ``path`` with ``flags``; create and preallocate it when asked.
+
+    Translates the OS errors users can act on into tierstore errors.
+    """
+    try:
+        if create:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o644)
+        else:
+            fd = os.open(path, os.O_RDWR | flags)
+    except FileNotFoundError:
+        raise CorruptStateError(
+            f"state file {path} is missing; the state directory is incomplete: restore it "
+            "from a checkpoint or start over with an empty state_dir"
+        ) from None
+    except OSError as exc:
+        if exc.errno == errno.EINVAL and flags & getattr(os, "O_DIRECT", 0):
+            raise BackendError(
+                f"the filesystem holding {path} does not support O_DIRECT (e.g. tmpfs); "
+                "use backend='mmap' or put state_dir on a local disk"
+            ) from exc
+        raise BackendError(f"cannot open state file {path}: {exc.strerror}") from exc
+    try:
+        if create:
+            preallocate(fd, path, nbytes)
+        else:
+            size = os.fstat(fd).st_size
+            if size < nbytes:
+                raise CorruptStateError(
+                    f"state file {path} is truncated: {size} bytes, expected {nbytes}; "
+                    "restore the state directory from a checkpoint"
+                )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def preallocate(fd: int, path: Path, nbytes: int) -> None:
+    """Allocate the file's blocks now so a later write cannot run out of space."""
+    try:
+        if os.fstat(fd).st_size < nbytes:
+            os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise DiskFullError(
+                f"no space left to allocate {nbytes} bytes for {path}; free space on that "
+                "drive or choose a state_dir on a larger one"
+            ) from exc
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            # Filesystems without fallocate: extend the file sparsely instead.
+            os.ftruncate(fd, nbytes)
+        else:
+            raise BackendError(f"cannot allocate {nbytes} bytes for {path}: {exc.strerror}") from exc
+
+
+def io_error(exc: OSError, path: Path, what: str, offset: int, length: int) -> Exception:
+    """Translate an OSError from a read/write into the tierstore error for it."""
+    if exc.errno == errno.ENOSPC or exc.errno == errno.EDQUOT:
+        return DiskFullError(
+            f"disk full while {what} {length} bytes at offset {offset} of {path}; free space on "
+            "that drive; the last committed state is untouched"
+        )
+    return BackendError(f"{what} {length} bytes at offset {offset} of {path} failed: {exc.strerror}")
