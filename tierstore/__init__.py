@@ -37,3 +37,7 @@ __all__ = [
     "parse_size",
     "__version__",
 ]
+
+from .optimizer import TieredAdamW  # noqa: E402
+
+__all__ += ["TieredAdamW"]

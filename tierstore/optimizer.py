@@ -1,0 +1,783 @@
+"""``TieredAdamW``: a drop-in ``torch.optim.AdamW`` whose state lives in tiers.
+
+The optimizer is the stateful front: it gathers gradients, advances step
+counts and hands each shard to the stateless kernel (:mod:`tierstore.kernel`)
+through the streaming pipeline (:mod:`tierstore.pipeline`). The layout of the
+state is fixed at construction (:mod:`tierstore.layout`); how RAM is split
+between the streaming arena and resident shards is :mod:`tierstore.budget`.
+
+Example
+-------
+>>> import torch
+>>> from tierstore import TieredAdamW
+>>> model = torch.nn.Linear(64, 64)
+>>> with TieredAdamW(model.parameters(), lr=1e-3, ram_budget="64KiB", shard_numel=4096) as opt:
+...     model(torch.randn(8, 64)).square().mean().backward()
+...     opt.step(); opt.zero_grad()
+...     opt.state_dict()["state"][0]["exp_avg"].shape
+torch.Size([64, 64])
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .budget import TierPlan, plan_tiers
+from .errors import (
+    ClosedError,
+    ConfigError,
+    ParamsChangedError,
+    StateExistsError,
+)
+from .kernel import adamw
+from .layout import Layout, ShardSpec
+from .pipeline import RunStats, ShardPipeline
+from .sizes import format_size, parse_size
+from .statedir import StateDir
+from .store import ShardStore
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+DEFAULT_SHARD_NUMEL = 1 << 22  # 4 Mi elements: 16 MiB per state field
+MIN_AUTO_SHARD_NUMEL = 1 << 14
+STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+MASTER_KEY = "master_param"
+
+# torch.optim.AdamW's group keys, so state dicts load into either optimizer.
+_TORCH_GROUP_DEFAULTS = {
+    "foreach": None,
+    "capturable": False,
+    "differentiable": False,
+    "fused": True,
+    "decoupled_weight_decay": True,
+}
+
+
+@dataclass
+class _Active:
+    """One parameter that has a gradient in the current step."""
+
+    group: int
+    param: Tensor  # flat view of the parameter's data
+    grad: Tensor  # flat view of its gradient
+    convert: bool  # gradient must be staged (other dtype or device) before the kernel
+    cuda: bool
+    step: Tensor
+
+
+def _check_hyper(lr: Any, betas: Any, eps: Any, weight_decay: Any, where: str = "") -> None:
+    """Validate like ``torch.optim.AdamW`` does (same messages), plus the fix."""
+    if isinstance(lr, Tensor) and lr.numel() != 1:
+        raise ConfigError(f"Tensor lr must be 1-element{where}")
+    if not 0.0 <= float(lr):
+        raise ConfigError(f"Invalid learning rate: {lr}{where}; lr must be >= 0")
+    if not 0.0 <= float(eps):
+        raise ConfigError(f"Invalid epsilon value: {eps}{where}; eps must be >= 0")
+    try:
+        b1, b2 = betas
+    except (TypeError, ValueError):
+        raise ConfigError(f"Invalid betas: {betas!r}{where}; pass a pair such as (0.9, 0.999)") from None
+    if not 0.0 <= float(b1) < 1.0:
+        raise ConfigError(f"Invalid beta parameter at index 0: {b1}{where}; it must be in [0, 1)")
+    if not 0.0 <= float(b2) < 1.0:
+        raise ConfigError(f"Invalid beta parameter at index 1: {b2}{where}; it must be in [0, 1)")
+    if not 0.0 <= float(weight_decay):
+        raise ConfigError(f"Invalid weight_decay value: {weight_decay}{where}; it must be >= 0")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name}={value!r} must be an int >= {minimum}")
+    return value
+
+
+def _local(tensor: Tensor) -> Tensor:
+    """The local tensor of a DTensor (FSDP2), the tensor itself otherwise."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+class TieredAdamW(torch.optim.Optimizer):
+    """AdamW (decoupled weight decay) with state in RAM and on local disk.
+
+    Results are bitwise equal to ``torch.optim.AdamW(fused=True)`` for fp32
+    parameters. For bf16/fp16 parameters (or parameters on a GPU) an fp32
+    master copy is kept in the state and is the authoritative value: it equals
+    ``torch.optim.AdamW(fused=True)`` run on fp32 copies fed the same
+    gradients cast to fp32, and the parameter receives it cast to its dtype.
+
+    Parameters
+    ----------
+    params
+        Parameters or param-group dicts, as for any ``torch.optim.Optimizer``.
+    lr, betas, eps, weight_decay, amsgrad, maximize
+        As ``torch.optim.AdamW``; per-group values are allowed.
+    state_dir
+        Directory for the disk tier (created if missing). ``None``: a private
+        temporary directory, made only when the state does not fit in
+        ``ram_budget``, removed by :meth:`close`.
+    ram_budget
+        Host RAM the state may use: bytes (``int``) or a string such as
+        ``"512MiB"``/``"2GB"``. ``None``: all state in RAM.
+    backend
+        ``"auto"``, ``"direct"`` (``O_DIRECT``), ``"buffered"`` or ``"mmap"``.
+    shard_numel
+        Elements per shard (rounded up to a multiple of 1024). ``None`` picks
+        4 Mi, or less when the budget is small. Part of the state's identity.
+    prefetch_depth
+        Shards read ahead of the one being updated (the arena has
+        ``prefetch_depth + 2`` slots). A tuning knob: never changes results.
+    io_workers, request_bytes
+        I/O threads and the request size (multiple of 4096). Tuning knobs.
+    keep_master
+        Keep an fp32 master copy even for fp32 CPU parameters. ``None``: only
+        when some parameter is not fp32 or not on the CPU.
+    pin_memory
+        Pin host buffers for CUDA; ``None`` pins exactly when CUDA is available.
+
+    Raises
+    ------
+    ValueError (ConfigError)
+        Invalid hyperparameters or knobs.
+    BudgetError
+        ``ram_budget`` below what the streaming arena needs.
+    StateDirError, StateDirInUseError, StateExistsError
+        Unusable, busy, or already populated ``state_dir``.
+
+    Example
+    -------
+    >>> import torch
+    >>> w = torch.nn.Parameter(torch.ones(3))
+    >>> opt = TieredAdamW([w], lr=0.1)
+    >>> w.grad = torch.ones(3); _ = opt.step(); opt.close()
+    >>> [round(x, 3) for x in w.tolist()]
+    [0.899, 0.899, 0.899]
+    """
+
+    # Note: unlike torch.optim.AdamW, state for every trainable parameter exists
+    # from construction (it has a place in the layout); state_dict() still lists
+    # only parameters that took at least one step, as torch does.
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float | Tensor = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+        state_dir: str | None = None,
+        ram_budget: int | str | None = None,
+        backend: str = "auto",
+        shard_numel: int | None = None,
+        prefetch_depth: int = 2,
+        io_workers: int = 4,
+        request_bytes: int = 8 << 20,
+        keep_master: bool | None = None,
+        pin_memory: bool | None = None,
+    ) -> None:
+        # Note: like torch.optim.AdamW, lr..amsgrad may be passed positionally.
+        self._closed = True  # until construction succeeds; makes close() safe on failure
+        self._store: ShardStore | None = None
+        self._statedir: StateDir | None = None
+        _check_hyper(lr, betas, eps, weight_decay)
+        budget = None if ram_budget is None else parse_size(ram_budget, name="ram_budget")
+        prefetch_depth = _check_int("prefetch_depth", prefetch_depth, 1)
+        io_workers = _check_int("io_workers", io_workers, 1)
+        request_bytes = _check_int("request_bytes", request_bytes, 4096)
+        if request_bytes % 4096:
+            raise ConfigError(f"request_bytes={request_bytes} must be a multiple of 4096, e.g. 8 << 20")
+        if shard_numel is not None:
+            shard_numel = _check_int("shard_numel", shard_numel, 1)
+        if not isinstance(backend, str):
+            raise ConfigError(f"backend={backend!r} must be a string such as 'auto', 'direct' or 'mmap'")
+        if backend not in ("auto", "direct", "buffered", "mmap"):
+            raise ConfigError(f"backend={backend!r} is unknown; choose 'auto', 'direct', 'buffered' or 'mmap'")
+        defaults = dict(
+            lr=lr,
+            betas=tuple(float(b) for b in betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=bool(amsgrad),
+            maximize=bool(maximize),
+            **_TORCH_GROUP_DEFAULTS,
+        )
+        self._building = True
+        super().__init__(params, defaults)
+        self._building = False
+        for gi, group in enumerate(self.param_groups):
+            _check_hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"], f" in param group {gi}")
+        self._params: list[Tensor] = [p for g in self.param_groups for p in g["params"]]
+        self._check_param_kinds()
+        trainable = [p for p in self._params if p.requires_grad]
+        self._master = bool(keep_master) or any(
+            p.dtype != torch.float32 or _local(p).device.type != "cpu" for p in trainable
+        )
+        self._amsgrad = any(g["amsgrad"] for g in self.param_groups)
+        fields = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if self._amsgrad else ())
+        fields += ("master",) if self._master else ()
+        self._cuda = any(_local(p).device.type == "cuda" for p in trainable)
+        self._convert = any(p.dtype != torch.float32 for p in trainable) or self._cuda
+        staging = 4 if self._cuda else (1 if self._convert else 0)
+        arena_slots = prefetch_depth + 2
+        if shard_numel is None:
+            shard_numel = self._auto_shard_numel(trainable, budget, len(fields), arena_slots, staging)
+        self._layout = Layout.build(
+            [[_local(p) if p.requires_grad else p for p in g["params"]] for g in self.param_groups],
+            shard_numel=shard_numel,
+            fields=fields,
+        )
+        self._plan: TierPlan = plan_tiers(self._layout, ram_budget=budget, arena_slots=arena_slots, staging_buffers=staging)
+        self._knobs = dict(backend=backend, prefetch_depth=prefetch_depth, io_workers=io_workers, request_bytes=request_bytes)
+        self._step_count = 0
+        self._last_run: RunStats | None = None
+        self._cuda_events: list[Any] = [None, None]
+        try:
+            self._open_state(state_dir, pin_memory)
+        except BaseException:
+            self._release()
+            raise
+        self._closed = False
+
+    # -- construction helpers -----------------------------------------
+    def _check_param_kinds(self) -> None:
+        for i, p in enumerate(self._params):
+            if not p.requires_grad:
+                continue
+            local = _local(p)
+            if p.dtype not in SUPPORTED_DTYPES:
+                raise ConfigError(
+                    f"parameter {i} has dtype {p.dtype}; TieredAdamW supports {[str(d) for d in SUPPORTED_DTYPES]}. "
+                    "Freeze it (requires_grad=False) or convert it"
+                )
+            if local.device.type not in ("cpu", "cuda"):
+                raise ConfigError(f"parameter {i} is on device {local.device}; TieredAdamW supports cpu and cuda")
+            if not local.is_contiguous():
+                raise ConfigError(
+                    f"parameter {i} (shape {tuple(p.shape)}) is not contiguous; make it contiguous "
+                    "(param.data = param.data.contiguous()) before building the optimizer"
+                )
+
+    @staticmethod
+    def _auto_shard_numel(trainable: list[Tensor], budget: int | None, nfields: int, slots: int, staging: int) -> int:
+        """Largest power-of-two shard size up to 4 Mi whose arena fits in half the budget."""
+        numel = DEFAULT_SHARD_NUMEL
+        if budget is None:
+            return numel
+        total = sum(p.numel() for p in trainable)
+        if total * nfields * 4 <= budget:
+            return numel
+        while numel > MIN_AUTO_SHARD_NUMEL and (slots * nfields + staging) * numel * 4 > budget // 2:
+            numel //= 2
+        return numel
+
+    def _open_state(self, state_dir: str | None, pin_memory: bool | None) -> None:
+        needs_files = bool(self._plan.disk_shards)
+        if state_dir is not None or needs_files:
+            self._statedir = StateDir(state_dir).open()
+            if self._statedir.holds_state():
+                raise StateExistsError(
+                    f"state_dir={str(self._statedir.path)!r} already holds tierstore state from another "
+                    "run; pass resume=True to continue it, or choose an empty state_dir "
+                    "(delete the old one if you no longer need it)"
+                )
+        self._store = ShardStore(
+            self._layout,
+            self._plan,
+            directory=self._statedir.path if self._statedir else None,
+            backend=self._knobs["backend"],
+            io_workers=self._knobs["io_workers"],
+            request_bytes=self._knobs["request_bytes"],
+            pin=pin_memory,
+        ).open()
+        self._pipeline = ShardPipeline(self._store, prefetch_depth=self._knobs["prefetch_depth"])
+        self._init_shards()
+        if self._statedir is not None:
+            self._statedir.write_manifest(self._manifest())
+
+    def _manifest(self) -> dict:
+        return {
+            "fingerprint": self._layout.fingerprint,
+            "layout": self._layout.to_dict(),
+            "step_count": self._step_count,
+            "backend": self._store.backend_name if self._store else None,
+        }
+
+    def _init_shards(self) -> None:
+        """Zero every shard and seed the master copy from the parameters."""
+        assert self._store is not None
+        flat_params = {i: _local(p).detach().reshape(-1) for i, p in enumerate(self._params) if p.requires_grad}
+
+        def fill(shard: ShardSpec, flat: Tensor) -> None:
+            flat.zero_()
+            if self._master:
+                master = self._store.field(flat, shard, "master")
+                for seg in shard.segments:
+                    src = flat_params[seg.param][seg.param_offset : seg.param_offset + seg.length]
+                    master[seg.shard_offset : seg.shard_offset + seg.length].copy_(src)
+
+        self._pipeline.run(range(len(self._layout.shards)), fill, read=False)
+
+    # -- torch.optim.Optimizer API ------------------------------------
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if getattr(self, "_building", False):
+            super().add_param_group(param_group)
+            return
+        raise ParamsChangedError(
+            "TieredAdamW lays its state out when it is built, so parameters cannot be added "
+            "afterwards (add_param_group). Build a new TieredAdamW with all parameters, e.g. "
+            "TieredAdamW([group1, group2], ...)"
+        )
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Perform one AdamW step over every parameter that has a gradient.
+
+        Raises
+        ------
+        ClosedError
+            After :meth:`close`.
+        ParamsChangedError
+            If parameters were added, reshaped or re-typed since construction,
+            or a parameter frozen at construction now has a gradient.
+        """
+        self._require_open()
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        active = self._gather()
+        if active:
+            torch._foreach_add_([a.step for a in active.values()], 1)
+            touched = sorted({shard for i in active for shard, _ in self._layout.segments_of(i)})
+            self._active = active
+            self._hyper = [self._group_hyper(g) for g in self.param_groups]
+            try:
+                self._last_run = self._pipeline.run(touched, self._update_shard)
+            finally:
+                self._active = {}
+        self._step_count += 1
+        return loss
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this TieredAdamW is closed; build a new one (with resume=True to continue its state)")
+
+    def _group_hyper(self, group: dict[str, Any]) -> dict[str, Any]:
+        if group["amsgrad"] and not self._amsgrad:
+            raise ConfigError(
+                "a param group switched to amsgrad=True after construction; the state has no "
+                "max_exp_avg_sq field. Build TieredAdamW with amsgrad=True from the start"
+            )
+        b1, b2 = group["betas"]
+        return dict(
+            lr=float(group["lr"]),
+            beta1=float(b1),
+            beta2=float(b2),
+            weight_decay=float(group["weight_decay"]),
+            eps=float(group["eps"]),
+            amsgrad=bool(group["amsgrad"]),
+            maximize=bool(group["maximize"]),
+        )
+
+    def _gather(self) -> dict[int, _Active]:
+        """Check the parameters against the layout and collect those with gradients."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        if len(params) != len(self._layout.params) or any(a is not b for a, b in zip(params, self._params)):
+            raise ParamsChangedError(
+                f"the optimizer's parameters changed since construction ({len(self._layout.params)} "
+                f"then, {len(params)} now); TieredAdamW's state layout is fixed: build a new optimizer "
+                "for a new set of parameters"
+            )
+        active: dict[int, _Active] = {}
+        group_of = [e.group for e in self._layout.params]
+        for i, (p, entry) in enumerate(zip(params, self._layout.params)):
+            grad = p.grad
+            if grad is None:
+                continue
+            if not entry.trainable:
+                if entry.numel == 0:
+                    continue
+                raise ParamsChangedError(
+                    f"parameter {i} (shape {entry.shape}) was frozen (requires_grad=False) when the "
+                    "optimizer was built but now has a gradient; build the optimizer after unfreezing, "
+                    "or set its .grad to None"
+                )
+            local = _local(p)
+            if tuple(local.shape) != entry.shape or str(p.dtype).removeprefix("torch.") != entry.dtype:
+                raise ParamsChangedError(
+                    f"parameter {i} is now {tuple(local.shape)} {p.dtype}, but the optimizer was built "
+                    f"for {entry.shape} {entry.dtype}; build a new optimizer after changing the model"
+                )
+            if grad.is_sparse:
+                raise RuntimeError("TieredAdamW does not support sparse gradients")
+            g = _local(grad)
+            if tuple(g.shape) != entry.shape:
+                raise ParamsChangedError(
+                    f"the gradient of parameter {i} has shape {tuple(g.shape)}, expected {entry.shape}"
+                )
+            state = self.state[p]
+            if "step" not in state:
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            cuda = local.device.type == "cuda"
+            active[i] = _Active(
+                group=group_of[i],
+                param=local.detach().view(-1),
+                grad=g.reshape(-1),
+                convert=cuda or g.dtype != torch.float32 or g.device.type != "cpu",
+                cuda=cuda,
+                step=state["step"],
+            )
+        return active
+
+    def _update_shard(self, shard: ShardSpec, flat: Tensor) -> None:
+        """The per-shard update: stage gradients, run the kernel per group, write params back."""
+        store = self._store
+        assert store is not None
+        active = self._active
+        exp_avg = store.field(flat, shard, "exp_avg")
+        exp_avg_sq = store.field(flat, shard, "exp_avg_sq")
+        max_sq = store.field(flat, shard, "max_exp_avg_sq") if self._amsgrad else None
+        master = store.field(flat, shard, "master") if self._master else None
+        staging = store.staging_buffer(0) if self._convert else None
+        work = [(seg, active[seg.param]) for seg in shard.segments if seg.param in active]
+        if self._cuda:
+            self._stage_cuda_grads(work, staging)
+        lists: dict[int, tuple[list[Tensor], ...]] = {}
+        for seg, a in work:
+            lo, hi = seg.param_offset, seg.param_offset + seg.length
+            s0, s1 = seg.shard_offset, seg.shard_offset + seg.length
+            grad = a.grad[lo:hi]
+            if a.convert:
+                if not a.cuda:
+                    staging[s0:s1].copy_(grad)
+                grad = staging[s0:s1]
+            target = master[s0:s1] if master is not None else a.param[lo:hi]
+            bucket = lists.setdefault(a.group, ([], [], [], [], [], []))
+            bucket[0].append(target)
+            bucket[1].append(grad)
+            bucket[2].append(exp_avg[s0:s1])
+            bucket[3].append(exp_avg_sq[s0:s1])
+            if max_sq is not None:
+                bucket[4].append(max_sq[s0:s1])
+            bucket[5].append(a.step)
+        for group, (ps, gs, ms, vs, maxs, steps) in lists.items():
+            hyper = self._hyper[group]
+            adamw(ps, gs, ms, vs, maxs if hyper["amsgrad"] else [], steps, **hyper)
+        if master is not None:
+            self._write_params(work, master)
+
+    def _stage_cuda_grads(self, work: list, staging: Tensor) -> None:
+        """Copy this shard's CUDA gradients to host staging (one sync per shard)."""
+        store = self._store
+        raw = store.staging_buffer(1).view(torch.uint8)
+        pending = []
+        for seg, a in work:
+            if not a.cuda:
+                continue
+            lo, hi = seg.param_offset, seg.param_offset + seg.length
+            s0, s1 = seg.shard_offset, seg.shard_offset + seg.length
+            src = a.grad[lo:hi]
+            if src.dtype == torch.float32:
+                staging[s0:s1].copy_(src, non_blocking=True)
+            else:
+                size = src.element_size()
+                dst = raw[s0 * size : s1 * size].view(src.dtype)
+                dst.copy_(src, non_blocking=True)
+                pending.append((dst, s0, s1))
+        torch.cuda.current_stream().synchronize()
+        for dst, s0, s1 in pending:
+            staging[s0:s1].copy_(dst)
+
+    def _write_params(self, work: list, master: Tensor) -> None:
+        """Give each parameter its updated master values, cast to its dtype."""
+        cuda_work = []
+        for seg, a in work:
+            lo, hi = seg.param_offset, seg.param_offset + seg.length
+            s0, s1 = seg.shard_offset, seg.shard_offset + seg.length
+            if a.cuda:
+                cuda_work.append((seg, a, lo, hi, s0, s1))
+            else:
+                a.param[lo:hi].copy_(master[s0:s1])
+        if not cuda_work:
+            return
+        # Two host buffers alternate so the next shard can be cast while this one uploads.
+        which = self._step_count_parity = 1 - getattr(self, "_step_count_parity", 0)
+        event = self._cuda_events[which]
+        if event is not None:
+            event.synchronize()
+        out = self._store.staging_buffer(2 + which).view(torch.uint8)
+        for _seg, a, lo, hi, s0, s1 in cuda_work:
+            size = a.param.element_size()
+            host = out[s0 * size : s1 * size].view(a.param.dtype)
+            host.copy_(master[s0:s1])
+            a.param[lo:hi].copy_(host, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._cuda_events[which] = event
+
+    # -- state dict ---------------------------------------------------
+    def _param_index(self) -> dict[int, int]:
+        return {id(p): i for i, p in enumerate(self._params)}
+
+    @torch._disable_dynamo
+    def state_dict(self) -> dict[str, Any]:
+        """The state in ``torch.optim.AdamW``'s format (plus ``master_param`` with masters).
+
+        Materialises every moment as a full CPU tensor: for models whose state
+        fits in RAM. Larger states stream with ``save_checkpoint``.
+        """
+        self._require_open()
+        for pre_hook in self._optimizer_state_dict_pre_hooks.values():
+            pre_hook(self)
+        index = self._param_index()
+        groups = []
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = [index[id(p)] for p in group["params"]]
+            groups.append(packed)
+        state: dict[int, dict[str, Tensor]] = {}
+        wanted: dict[int, dict[str, Tensor]] = {}
+        for i, p in enumerate(self._params):
+            st = self.state.get(p)
+            if not st or "step" not in st or not self._layout.params[i].trainable:
+                continue
+            entry = {"step": st["step"].clone()}
+            amsgrad = self.param_groups[self._layout.params[i].group]["amsgrad"]
+            for key in STATE_KEYS:
+                if key != "max_exp_avg_sq" or amsgrad:
+                    entry[key] = torch.empty(self._layout.params[i].shape, dtype=torch.float32)
+            if self._master:
+                entry[MASTER_KEY] = torch.empty(self._layout.params[i].shape, dtype=torch.float32)
+            state[i] = entry
+            wanted[i] = entry
+        self._copy_out(wanted)
+        result = {"state": state, "param_groups": groups}
+        for post_hook in self._optimizer_state_dict_post_hooks.values():
+            hook_result = post_hook(self, result)
+            if hook_result is not None:
+                result = hook_result
+        return result
+
+    def _field_of(self, key: str) -> str:
+        return "master" if key == MASTER_KEY else key
+
+    def _copy_out(self, wanted: dict[int, dict[str, Tensor]]) -> None:
+        """Fill ``wanted[param][key]`` tensors from the shards (read-only pass)."""
+        if not wanted:
+            return
+        flats = {i: {k: t.view(-1) for k, t in e.items() if k != "step"} for i, e in wanted.items()}
+        shards = sorted({s for i in wanted for s, _ in self._layout.segments_of(i)})
+
+        def visit(shard: ShardSpec, flat: Tensor) -> None:
+            for seg in shard.segments:
+                dst = flats.get(seg.param)
+                if dst is None:
+                    continue
+                for key, t in dst.items():
+                    src = self._store.field(flat, shard, self._field_of(key))
+                    t[seg.param_offset : seg.param_offset + seg.length].copy_(
+                        src[seg.shard_offset : seg.shard_offset + seg.length]
+                    )
+
+        self._pipeline.run(shards, visit, write=False)
+
+    @torch._disable_dynamo
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict saved by ``TieredAdamW`` or ``torch.optim.AdamW``.
+
+        Raises
+        ------
+        ValueError
+            If its groups or parameter counts do not match, or a tensor has the wrong size.
+        """
+        self._require_open()
+        state_dict = dict(state_dict)
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            hook_result = pre_hook(self, state_dict)
+            if hook_result is not None:
+                state_dict = hook_result
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(
+                f"loaded state dict has {len(saved_groups)} parameter groups, this optimizer has "
+                f"{len(self.param_groups)}"
+            )
+        for gi, (mine, saved) in enumerate(zip(self.param_groups, saved_groups)):
+            if len(mine["params"]) != len(saved["params"]):
+                raise ValueError(
+                    f"loaded state dict's parameter group {gi} has {len(saved['params'])} parameters, "
+                    f"this optimizer's has {len(mine['params'])}"
+                )
+            _check_hyper(saved["lr"], saved["betas"], saved["eps"], saved["weight_decay"], f" in loaded group {gi}")
+            if saved.get("amsgrad", False) and not self._amsgrad:
+                raise ValueError(
+                    f"loaded parameter group {gi} uses amsgrad but this optimizer was built without it; "
+                    "build TieredAdamW with amsgrad=True"
+                )
+        # Map the saved ids (in group order) onto our parameter indices.
+        id_map: dict[Any, int] = {}
+        position = 0
+        for saved in saved_groups:
+            for pid in saved["params"]:
+                id_map[pid] = position
+                position += 1
+        incoming: dict[int, dict[str, Any]] = {}
+        for pid, entry in state_dict["state"].items():
+            if pid not in id_map:
+                raise ValueError(f"loaded state refers to parameter id {pid!r}, which no param group lists")
+            i = id_map[pid]
+            meta = self._layout.params[i]
+            if not meta.trainable:
+                continue
+            for key in (*STATE_KEYS, MASTER_KEY):
+                if key in entry and entry[key].numel() != meta.numel:
+                    raise ValueError(
+                        f"loaded {key} of parameter {i} has {entry[key].numel()} elements, the parameter "
+                        f"has {meta.numel} (shape {meta.shape})"
+                    )
+            incoming[i] = entry
+        self._write_in(incoming)
+        for i, p in enumerate(self._params):
+            if i in incoming and "step" in incoming[i]:
+                self.state[p] = {"step": torch.tensor(float(incoming[i]["step"]), dtype=torch.float32)}
+            else:
+                self.state.pop(p, None)
+        for mine, saved in zip(self.param_groups, saved_groups):
+            for key, value in saved.items():
+                if key != "params":
+                    mine[key] = value
+            for key, value in _TORCH_GROUP_DEFAULTS.items():
+                mine.setdefault(key, value)
+            mine["betas"] = tuple(float(b) for b in mine["betas"])
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
+
+    def _write_in(self, incoming: dict[int, dict[str, Any]]) -> None:
+        """Rewrite every shard from ``incoming`` (zeros where absent; master from params)."""
+        sources = {
+            i: {k: v.detach().reshape(-1) for k, v in e.items() if k != "step" and isinstance(v, Tensor)}
+            for i, e in incoming.items()
+        }
+        params = {i: _local(p).detach().reshape(-1) for i, p in enumerate(self._params) if p.requires_grad}
+
+        def fill(shard: ShardSpec, flat: Tensor) -> None:
+            flat.zero_()
+            for seg in shard.segments:
+                lo, hi = seg.param_offset, seg.param_offset + seg.length
+                s0, s1 = seg.shard_offset, seg.shard_offset + seg.length
+                src = sources.get(seg.param, {})
+                for key in STATE_KEYS:
+                    if key in src and key in self._layout.fields:
+                        self._store.field(flat, shard, key)[s0:s1].copy_(src[key][lo:hi])
+                if self._master:
+                    master = self._store.field(flat, shard, "master")
+                    master[s0:s1].copy_(src[MASTER_KEY][lo:hi] if MASTER_KEY in src else params[seg.param][lo:hi])
+
+        self._pipeline.run(range(len(self._layout.shards)), fill, read=False)
+        if self._master:
+            # Parameters follow their (possibly loaded) master copy.
+            for i, src in sources.items():
+                if MASTER_KEY in src:
+                    _local(self._params[i]).detach().view(-1).copy_(src[MASTER_KEY])
+
+    # -- introspection ------------------------------------------------
+    @property
+    def layout(self) -> Layout:
+        """The state's layout (parameters, shards, fields)."""
+        return self._layout
+
+    @property
+    def plan(self) -> TierPlan:
+        """How ``ram_budget`` was split (arena, staging, resident shards)."""
+        return self._plan
+
+    @property
+    def step_count(self) -> int:
+        """Number of completed :meth:`step` calls (the step to resume data and schedules from)."""
+        return self._step_count
+
+    @property
+    def state_dir(self) -> str | None:
+        """The state directory in use, or ``None`` when all state is in RAM without one."""
+        return str(self._statedir.path) if self._statedir and self._statedir.path else None
+
+    @property
+    def backend(self) -> str | None:
+        """The I/O backend in use (``None`` when nothing is on disk)."""
+        return self._store.backend_name if self._store and self._store.file is not None else None
+
+    @property
+    def ram_bytes(self) -> int:
+        """Host RAM held for state: arena, staging and resident shards."""
+        return self._plan.ram_nbytes
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes of state in files."""
+        return self._store.disk_nbytes if self._store else 0
+
+    @property
+    def last_step_stats(self) -> RunStats | None:
+        """Time split of the last :meth:`step` (read wait, update, write wait)."""
+        return self._last_run
+
+    def describe(self) -> str:
+        """One line: parameters, state size, and where it lives."""
+        p = self._plan
+        return (
+            f"{self._layout.trainable_numel:,} trainable params, state {format_size(p.state_nbytes)} in "
+            f"{len(self._layout.shards)} shards: {len(p.resident)} resident ({format_size(p.resident_nbytes)}), "
+            f"{len(p.disk_shards)} on disk ({format_size(p.disk_nbytes)}), arena {p.arena_slots} x "
+            f"{format_size(p.slot_nbytes)}"
+        )
+
+    # -- lifecycle ----------------------------------------------------
+    def close(self) -> None:
+        """Release memory, threads, files and the directory lock; safe to call twice.
+
+        A private (``state_dir=None``) directory is removed.
+        """
+        if getattr(self, "_closed", True) and self._store is None and self._statedir is None:
+            return
+        self._closed = True
+        self._release()
+
+    def _release(self) -> None:
+        if self._cuda and any(e is not None for e in getattr(self, "_cuda_events", [])):
+            for e in self._cuda_events:
+                if e is not None:
+                    e.synchronize()
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
+        statedir, self._statedir = self._statedir, None
+        if statedir is not None:
+            statedir.close()
+
+    def __enter__(self) -> TieredAdamW:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: nothing sensible left to do
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else self.describe()
+        return f"TieredAdamW({state})"
+
+
