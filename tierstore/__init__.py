@@ -13,6 +13,7 @@ from .errors import (
     StateDirError,
     StateDirInUseError,
     StateExistsError,
+    StepFailedError,
     TierstoreError,
 )
 from .sizes import format_size, parse_size
@@ -32,6 +33,7 @@ __all__ = [
     "StateDirError",
     "StateDirInUseError",
     "StateExistsError",
+    "StepFailedError",
     "TierstoreError",
     "format_size",
     "parse_size",

@@ -67,3 +67,7 @@ class BackendError(TierstoreError, OSError):
 
 class ClosedError(TierstoreError, RuntimeError):
     """The optimizer (or store) was used after ``close()``."""
+
+
+class StepFailedError(TierstoreError, RuntimeError):
+    """An earlier step failed part-way; the optimizer must be rebuilt with ``resume=True``."""

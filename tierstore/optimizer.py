@@ -20,26 +20,30 @@ torch.Size([64, 64])
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from . import manifest as manifest_mod
 from .budget import TierPlan, plan_tiers
 from .errors import (
     ClosedError,
     ConfigError,
+    CorruptStateError,
     ParamsChangedError,
     StateExistsError,
+    StepFailedError,
 )
 from .kernel import adamw
 from .layout import Layout, ShardSpec
 from .pipeline import RunStats, ShardPipeline
 from .sizes import format_size, parse_size
-from .statedir import StateDir
+from .statedir import MANIFEST, StateDir
 from .store import ShardStore
 
 log = logging.getLogger(__name__)
@@ -76,9 +80,9 @@ def _check_hyper(lr: Any, betas: Any, eps: Any, weight_decay: Any, where: str = 
     """Validate like ``torch.optim.AdamW`` does (same messages), plus the fix."""
     if isinstance(lr, Tensor) and lr.numel() != 1:
         raise ConfigError(f"Tensor lr must be 1-element{where}")
-    if not 0.0 <= float(lr):
+    if not float(lr) >= 0.0:
         raise ConfigError(f"Invalid learning rate: {lr}{where}; lr must be >= 0")
-    if not 0.0 <= float(eps):
+    if not float(eps) >= 0.0:
         raise ConfigError(f"Invalid epsilon value: {eps}{where}; eps must be >= 0")
     try:
         b1, b2 = betas
@@ -88,7 +92,7 @@ def _check_hyper(lr: Any, betas: Any, eps: Any, weight_decay: Any, where: str = 
         raise ConfigError(f"Invalid beta parameter at index 0: {b1}{where}; it must be in [0, 1)")
     if not 0.0 <= float(b2) < 1.0:
         raise ConfigError(f"Invalid beta parameter at index 1: {b2}{where}; it must be in [0, 1)")
-    if not 0.0 <= float(weight_decay):
+    if not float(weight_decay) >= 0.0:
         raise ConfigError(f"Invalid weight_decay value: {weight_decay}{where}; it must be >= 0")
 
 
@@ -184,11 +188,15 @@ class TieredAdamW(torch.optim.Optimizer):
         request_bytes: int = 8 << 20,
         keep_master: bool | None = None,
         pin_memory: bool | None = None,
+        durable: bool | None = None,
+        resume: bool = False,
+        restore_params: bool = True,
     ) -> None:
         # Note: like torch.optim.AdamW, lr..amsgrad may be passed positionally.
         self._closed = True  # until construction succeeds; makes close() safe on failure
         self._store: ShardStore | None = None
         self._statedir: StateDir | None = None
+        self._failure: BaseException | None = None
         _check_hyper(lr, betas, eps, weight_decay)
         budget = None if ram_budget is None else parse_size(ram_budget, name="ram_budget")
         prefetch_depth = _check_int("prefetch_depth", prefetch_depth, 1)
@@ -202,6 +210,8 @@ class TieredAdamW(torch.optim.Optimizer):
             raise ConfigError(f"backend={backend!r} must be a string such as 'auto', 'direct' or 'mmap'")
         if backend not in ("auto", "direct", "buffered", "mmap"):
             raise ConfigError(f"backend={backend!r} is unknown; choose 'auto', 'direct', 'buffered' or 'mmap'")
+        if resume and state_dir is None:
+            raise ConfigError("resume=True needs the state_dir to resume from; pass state_dir=...")
         defaults = dict(
             lr=lr,
             betas=tuple(float(b) for b in betas),
@@ -218,31 +228,17 @@ class TieredAdamW(torch.optim.Optimizer):
             _check_hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"], f" in param group {gi}")
         self._params: list[Tensor] = [p for g in self.param_groups for p in g["params"]]
         self._check_param_kinds()
-        trainable = [p for p in self._params if p.requires_grad]
-        self._master = bool(keep_master) or any(
-            p.dtype != torch.float32 or _local(p).device.type != "cpu" for p in trainable
-        )
-        self._amsgrad = any(g["amsgrad"] for g in self.param_groups)
-        fields = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if self._amsgrad else ())
-        fields += ("master",) if self._master else ()
-        self._cuda = any(_local(p).device.type == "cuda" for p in trainable)
-        self._convert = any(p.dtype != torch.float32 for p in trainable) or self._cuda
-        staging = 4 if self._cuda else (1 if self._convert else 0)
-        arena_slots = prefetch_depth + 2
-        if shard_numel is None:
-            shard_numel = self._auto_shard_numel(trainable, budget, len(fields), arena_slots, staging)
-        self._layout = Layout.build(
-            [[_local(p) if p.requires_grad else p for p in g["params"]] for g in self.param_groups],
-            shard_numel=shard_numel,
-            fields=fields,
-        )
-        self._plan: TierPlan = plan_tiers(self._layout, ram_budget=budget, arena_slots=arena_slots, staging_buffers=staging)
+        self._budget = budget
+        self._durable = (state_dir is not None) if durable is None else bool(durable)
         self._knobs = dict(backend=backend, prefetch_depth=prefetch_depth, io_workers=io_workers, request_bytes=request_bytes)
         self._step_count = 0
         self._last_run: RunStats | None = None
         self._cuda_events: list[Any] = [None, None]
+        self._dirty_marked = False
         try:
-            self._open_state(state_dir, pin_memory)
+            saved = self._open_dir(state_dir, resume)
+            self._build_layout(shard_numel, keep_master, saved)
+            self._open_store(pin_memory, saved, restore_params)
         except BaseException:
             self._release()
             raise
@@ -267,6 +263,63 @@ class TieredAdamW(torch.optim.Optimizer):
                     "(param.data = param.data.contiguous()) before building the optimizer"
                 )
 
+    def _open_dir(self, state_dir: str | None, resume: bool) -> dict | None:
+        """Lock the state directory (if one was given) and read what it holds."""
+        if state_dir is None:
+            return None
+        self._statedir = StateDir(state_dir).open()
+        where = str(self._statedir.path)
+        if not self._statedir.holds_state():
+            return None
+        if not resume:
+            raise StateExistsError(
+                f"state_dir={where!r} already holds tierstore state from another run; pass "
+                "resume=True to continue it, or choose an empty state_dir (delete the old one if "
+                "you no longer need it)"
+            )
+        if not self._statedir.file(MANIFEST).exists():
+            log.warning("%s holds state files but no manifest (a run died while starting); starting fresh", where)
+            return None
+        saved = self._statedir.read_manifest()
+        if not saved.get("clean", True):
+            raise CorruptStateError(
+                f"state_dir={where!r} was written with durable=False by a run that did not close() "
+                "cleanly, so its files mix several steps. Start over with an empty state_dir, and "
+                "use durable=True (the default with a state_dir) to be able to resume after a crash"
+            )
+        return saved
+
+    def _build_layout(self, shard_numel: int | None, keep_master: bool | None, saved: dict | None) -> None:
+        trainable = [p for p in self._params if p.requires_grad]
+        master = bool(keep_master) or any(p.dtype != torch.float32 or _local(p).device.type != "cpu" for p in trainable)
+        amsgrad = any(g["amsgrad"] for g in self.param_groups)
+        old = manifest_mod.saved_layout(saved, str(self._statedir.path)) if saved else None
+        if old is not None:
+            # Resuming: adopt the saved identity where the caller left it open.
+            shard_numel = old.shard_numel if shard_numel is None else shard_numel
+            master = master or (keep_master is None and "master" in old.fields)
+            amsgrad = amsgrad or "max_exp_avg_sq" in old.fields
+        fields = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ())
+        fields += ("master",) if master else ()
+        self._master = master
+        self._amsgrad = amsgrad
+        self._cuda = any(_local(p).device.type == "cuda" for p in trainable)
+        self._convert = any(p.dtype != torch.float32 for p in trainable) or self._cuda
+        staging = 4 if self._cuda else (1 if self._convert else 0)
+        arena_slots = self._knobs["prefetch_depth"] + 2
+        if shard_numel is None:
+            shard_numel = self._auto_shard_numel(trainable, self._budget, len(fields), arena_slots, staging)
+        self._layout = Layout.build(
+            [[_local(p) if p.requires_grad else p for p in g["params"]] for g in self.param_groups],
+            shard_numel=shard_numel,
+            fields=fields,
+        )
+        if old is not None:
+            manifest_mod.check_same_model(old, self._layout, str(self._statedir.path))
+        self._plan: TierPlan = plan_tiers(
+            self._layout, ram_budget=self._budget, arena_slots=arena_slots, staging_buffers=staging
+        )
+
     @staticmethod
     def _auto_shard_numel(trainable: list[Tensor], budget: int | None, nfields: int, slots: int, staging: int) -> int:
         """Largest power-of-two shard size up to 4 Mi whose arena fits in half the budget."""
@@ -280,16 +333,10 @@ class TieredAdamW(torch.optim.Optimizer):
             numel //= 2
         return numel
 
-    def _open_state(self, state_dir: str | None, pin_memory: bool | None) -> None:
-        needs_files = bool(self._plan.disk_shards)
-        if state_dir is not None or needs_files:
-            self._statedir = StateDir(state_dir).open()
-            if self._statedir.holds_state():
-                raise StateExistsError(
-                    f"state_dir={str(self._statedir.path)!r} already holds tierstore state from another "
-                    "run; pass resume=True to continue it, or choose an empty state_dir "
-                    "(delete the old one if you no longer need it)"
-                )
+    def _open_store(self, pin_memory: bool | None, saved: dict | None, restore_params: bool) -> None:
+        if self._statedir is None and self._plan.disk_shards:
+            self._statedir = StateDir(None).open()  # private, removed by close()
+            self._durable = False
         self._store = ShardStore(
             self._layout,
             self._plan,
@@ -298,19 +345,25 @@ class TieredAdamW(torch.optim.Optimizer):
             io_workers=self._knobs["io_workers"],
             request_bytes=self._knobs["request_bytes"],
             pin=pin_memory,
-        ).open()
+            durable=self._durable,
+        )
         self._pipeline = ShardPipeline(self._store, prefetch_depth=self._knobs["prefetch_depth"])
-        self._init_shards()
-        if self._statedir is not None:
-            self._statedir.write_manifest(self._manifest())
-
-    def _manifest(self) -> dict:
-        return {
-            "fingerprint": self._layout.fingerprint,
-            "layout": self._layout.to_dict(),
-            "step_count": self._step_count,
-            "backend": self._store.backend_name if self._store else None,
-        }
+        if saved is None:
+            self._store.open()
+            self._init_shards()
+            self._commit()
+            return
+        self._store.open(committed=saved["shards"])
+        self._step_count = int(saved["step_count"])
+        for group, stored in zip(self.param_groups, saved["param_groups"]):
+            for key, value in manifest_mod.decode_group(stored).items():
+                group[key] = value
+        for p, step in zip(self._params, saved["param_steps"]):
+            if step is not None:
+                self.state[p]["step"] = torch.tensor(float(step), dtype=torch.float32)
+        if restore_params and self._master:
+            self._restore_params()
+        log.info("resumed %s at step %d", self._statedir.path, self._step_count)
 
     def _init_shards(self) -> None:
         """Zero every shard and seed the master copy from the parameters."""
@@ -326,6 +379,58 @@ class TieredAdamW(torch.optim.Optimizer):
                     master[seg.shard_offset : seg.shard_offset + seg.length].copy_(src)
 
         self._pipeline.run(range(len(self._layout.shards)), fill, read=False)
+
+    def _restore_params(self) -> None:
+        """Give every trainable parameter its committed master value, cast to its dtype."""
+        flat_params = {i: _local(p).detach().view(-1) for i, p in enumerate(self._params) if p.requires_grad}
+
+        def visit(shard: ShardSpec, flat: Tensor) -> None:
+            master = self._store.field(flat, shard, "master")
+            for seg in shard.segments:
+                lo, hi = seg.param_offset, seg.param_offset + seg.length
+                flat_params[seg.param][lo:hi].copy_(master[seg.shard_offset : seg.shard_offset + seg.length])
+
+        self._pipeline.run(range(len(self._layout.shards)), visit, write=False)
+
+    # -- commits ------------------------------------------------------
+    def _manifest(self, *, clean: bool) -> dict:
+        steps = []
+        for p in self._params:
+            st = self.state.get(p)
+            steps.append(float(st["step"]) if st and "step" in st else None)
+        return manifest_mod.build(
+            layout=self._layout,
+            step_count=self._step_count,
+            param_steps=steps,
+            groups=self.param_groups,
+            shards=self._store.records(),
+            durable=self._durable,
+            clean=clean,
+            backend=self.backend,
+            ram_budget=self._budget,
+        )
+
+    def _commit(self) -> None:
+        """Make the last mutating pass durable and name it in the manifest (durable mode).
+
+        Without durability only the first change after a clean state marks the
+        manifest dirty; :meth:`close` writes the clean one.
+        """
+        store = self._store
+        if self._statedir is None or store is None:
+            return
+        if self._durable:
+            store.commit(self._step_count)
+            self._statedir.write_manifest(self._manifest(clean=True))
+            return
+        if self._statedir.private:
+            store.commit(self._step_count)
+            return
+        if not self._dirty_marked:
+            self._statedir.write_manifest(self._manifest(clean=False))
+            self._dirty_marked = True
+        store.commit(self._step_count)
+
 
     # -- torch.optim.Optimizer API ------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -356,21 +461,47 @@ class TieredAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         active = self._gather()
-        if active:
-            torch._foreach_add_([a.step for a in active.values()], 1)
-            touched = sorted({shard for i in active for shard, _ in self._layout.segments_of(i)})
-            self._active = active
-            self._hyper = [self._group_hyper(g) for g in self.param_groups]
-            try:
-                self._last_run = self._pipeline.run(touched, self._update_shard)
-            finally:
-                self._active = {}
-        self._step_count += 1
+        hyper = [self._group_hyper(g) for g in self.param_groups]
+        with self._mutation():
+            if active:
+                torch._foreach_add_([a.step for a in active.values()], 1)
+                touched = sorted({shard for i in active for shard, _ in self._layout.segments_of(i)})
+                self._active = active
+                self._hyper = hyper
+                try:
+                    self._last_run = self._pipeline.run(touched, self._update_shard)
+                finally:
+                    self._active = {}
+            self._step_count += 1
+            self._commit()
         return loss
+
+    @contextlib.contextmanager
+    def _mutation(self) -> Iterator[None]:
+        """Run a state change; if it fails part-way, refuse further use (state is half-updated).
+
+        The committed state on disk is untouched by a failed change, so a new
+        optimizer built with ``resume=True`` continues from the last commit.
+        """
+        try:
+            yield
+        except BaseException as exc:
+            if self._store is not None:
+                self._store.abort()
+            self._pipeline.invalidate()
+            self._failure = exc
+            raise
 
     def _require_open(self) -> None:
         if self._closed:
             raise ClosedError("this TieredAdamW is closed; build a new one (with resume=True to continue its state)")
+        if self._failure is not None:
+            where = f" from state_dir={self.state_dir!r}" if self._durable else ""
+            raise StepFailedError(
+                f"an earlier step failed part-way ({type(self._failure).__name__}: {self._failure}); "
+                f"this optimizer's state is half-updated. Build a new TieredAdamW with resume=True"
+                f"{where} to continue from the last committed step ({self._committed_step()})"
+            ) from self._failure
 
     def _group_hyper(self, group: dict[str, Any]) -> dict[str, Any]:
         if group["amsgrad"] and not self._amsgrad:
@@ -646,7 +777,14 @@ class TieredAdamW(torch.optim.Optimizer):
                         f"has {meta.numel} (shape {meta.shape})"
                     )
             incoming[i] = entry
-        self._write_in(incoming)
+        with self._mutation():
+            self._write_in(incoming)
+            self._apply_loaded(incoming, saved_groups)
+            self._commit()
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
+
+    def _apply_loaded(self, incoming: dict[int, dict[str, Any]], saved_groups: list[dict[str, Any]]) -> None:
         for i, p in enumerate(self._params):
             if i in incoming and "step" in incoming[i]:
                 self.state[p] = {"step": torch.tensor(float(incoming[i]["step"]), dtype=torch.float32)}
@@ -659,8 +797,6 @@ class TieredAdamW(torch.optim.Optimizer):
             for key, value in _TORCH_GROUP_DEFAULTS.items():
                 mine.setdefault(key, value)
             mine["betas"] = tuple(float(b) for b in mine["betas"])
-        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
-            post_hook(self)
 
     def _write_in(self, incoming: dict[int, dict[str, Any]]) -> None:
         """Rewrite every shard from ``incoming`` (zeros where absent; master from params)."""
@@ -714,7 +850,7 @@ class TieredAdamW(torch.optim.Optimizer):
     @property
     def backend(self) -> str | None:
         """The I/O backend in use (``None`` when nothing is on disk)."""
-        return self._store.backend_name if self._store and self._store.file is not None else None
+        return self._store.backend_name if self._store and self._store.files else None
 
     @property
     def ram_bytes(self) -> int:
@@ -745,12 +881,26 @@ class TieredAdamW(torch.optim.Optimizer):
     def close(self) -> None:
         """Release memory, threads, files and the directory lock; safe to call twice.
 
-        A private (``state_dir=None``) directory is removed.
+        A private (``state_dir=None``) directory is removed. With
+        ``durable=False`` and a ``state_dir``, the resident shards are written
+        out and a clean manifest is committed, so the directory can be resumed.
         """
         if getattr(self, "_closed", True) and self._store is None and self._statedir is None:
             return
-        self._closed = True
-        self._release()
+        try:
+            if not self._closed and self._failure is None:
+                self._flush_clean()
+        finally:
+            self._closed = True
+            self._release()
+
+    def _flush_clean(self) -> None:
+        store, statedir = self._store, self._statedir
+        if store is None or statedir is None or statedir.private or self._durable:
+            return
+        store.flush_resident()
+        store.commit(self._step_count)
+        statedir.write_manifest(self._manifest(clean=True))
 
     def _release(self) -> None:
         if self._cuda and any(e is not None for e in getattr(self, "_cuda_events", [])):
@@ -771,10 +921,16 @@ class TieredAdamW(torch.optim.Optimizer):
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown: nothing sensible left to do
             self.close()
-        except Exception:  # interpreter shutdown: nothing sensible left to do
-            pass
+
+    def _committed_step(self) -> int | str:
+        if self._statedir is None or self._statedir.private:
+            return "none: no state_dir"
+        try:
+            return int(self._statedir.read_manifest()["step_count"])
+        except Exception:
+            return "unknown"
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else self.describe()

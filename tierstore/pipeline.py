@@ -33,6 +33,7 @@ Example
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -42,8 +43,7 @@ import torch
 
 from .errors import ConfigError
 from .layout import ShardSpec
-from .store import ShardStore
-from .transfer import Transfer
+from .store import ShardStore, ShardTransfer
 
 UpdateFn = Callable[[ShardSpec, torch.Tensor], object]
 
@@ -132,9 +132,10 @@ class ShardPipeline:
         misses = deque(i for i in disk if i not in self._slot_of)
         n_slots = store.arena_slots
         ready = {self._slot_of[i] for i in hits}  # slots whose bytes are waiting to be updated
-        writing: deque[tuple[int, Transfer]] = deque()  # slots being written, oldest first
-        reading: deque[tuple[int, int, Transfer | None]] = deque()  # (shard, slot, transfer)
+        writing: deque[tuple[int, ShardTransfer]] = deque()  # slots being written, oldest first
+        reading: deque[tuple[int, int, ShardTransfer | None]] = deque()  # (shard, slot, transfer)
         in_flight: set[int] = set()
+        resident_writes: list[ShardTransfer] = []  # durable stores persist resident shards too
 
         def take_slot() -> int | None:
             for k in range(n_slots):
@@ -177,6 +178,9 @@ class ShardPipeline:
             issue_reads()
             for i in ram:
                 visit(i, store.resident_buffer(i))
+                if write and store.persisted(i):
+                    resident_writes.append(store.write_resident(i))
+                    stats.writes += 1
             for i in hits:
                 k = self._slot_of[i]
                 stats.cache_hits += 1
@@ -205,6 +209,8 @@ class ShardPipeline:
             while writing:
                 _, transfer = writing.popleft()
                 transfer.wait()
+            for transfer in resident_writes:
+                transfer.wait()
             stats.write_wait += time.perf_counter() - t0
         except BaseException:
             # Let every request finish before anyone reuses the slots, then forget
@@ -214,14 +220,14 @@ class ShardPipeline:
                     _quiet_wait(transfer)
             for _, transfer in writing:
                 _quiet_wait(transfer)
+            for transfer in resident_writes:
+                _quiet_wait(transfer)
             self.invalidate()
             raise
         stats.total = time.perf_counter() - t_start
         return stats
 
 
-def _quiet_wait(transfer: Transfer) -> None:
-    try:
+def _quiet_wait(transfer: ShardTransfer) -> None:
+    with contextlib.suppress(BaseException):  # the first error is already propagating
         transfer.wait()
-    except BaseException:  # the first error is already propagating
-        pass

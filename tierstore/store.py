@@ -1,11 +1,25 @@
-"""The shard store: every shard's bytes, in RAM (resident) or in a file (disk tier).
+"""The shard store: every shard's bytes, in RAM (resident) or in files (disk tier).
 
-The store owns the memory and the file, and knows where each shard is. It
-does not decide the order of work: :mod:`tierstore.pipeline` streams disk
-shards through the arena slots the store allocated.
+The store owns the memory and the state files, and knows where each shard
+is and which copy of it is committed. It does not decide the order of work:
+:mod:`tierstore.pipeline` streams disk shards through the arena slots the
+store allocated.
 
-Memory is allocated once in :meth:`ShardStore.open` (resident shards, arena,
-staging) and never again while training; :meth:`close` frees it.
+Files. Each state file (``shards.0.bin``, and ``shards.1.bin`` when durable)
+has one extent per shard at a fixed offset (shards in index order), so the
+files do not depend on which shards are resident: a run may resume with
+another ``ram_budget``. Only extents that will be written are allocated.
+
+Durability. With ``durable=True`` every shard (resident ones too) is written
+each time it changes, into the copy that is *not* committed; :meth:`commit`
+makes those writes durable and only then adopts them, so the committed copy
+of every shard is never overwritten before the manifest moves past it.
+Without durability, disk shards are rewritten in place and resident shards
+stay in RAM until :meth:`flush_resident`.
+
+Integrity. Every write computes the extent's checksum on the I/O workers;
+every read recomputes it and compares with the committed one before the
+bytes are used.
 
 Example
 -------
@@ -23,6 +37,7 @@ Example
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,24 +45,54 @@ import torch
 
 from .backends import ShardFile, open_backend, resolve_backend
 from .budget import TierPlan
-from .errors import ClosedError
+from .errors import ClosedError, ConfigError, CorruptStateError
 from .hostmem import HostBuffer
-from .layout import STATE_ITEMSIZE, Layout, ShardSpec
+from .integrity import CHECKSUM_BLOCK, BlockDigests
+from .layout import STATE_ITEMSIZE, Layout, ShardSpec, round_up
 from .transfer import IOQueue, Transfer
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "shards.bin"
+STATE_FILES = ("shards.0.bin", "shards.1.bin")
 
 
 @dataclass
 class ShardEntry:
-    """Where one shard lives: its tier and, on disk, its byte range in the state file."""
+    """One shard: its tier, its extent in the state files, and its committed copy."""
 
     index: int
     tier: str  # "ram" or "disk"
     nbytes: int
-    offset: int  # byte offset in the state file; -1 for resident shards
+    offset: int  # byte offset of the extent in every state file
+    copy: int = 0  # the file holding the committed bytes
+    checksum: str | None = None  # checksum of the committed bytes (None: nothing committed)
+    written_step: int = -1  # the step_count whose commit wrote the committed bytes
+    pending: tuple[int, str] | None = None  # (copy, checksum) written since the last commit
+
+    def record(self) -> dict:
+        """What the manifest keeps of this shard."""
+        return {"copy": self.copy, "checksum": self.checksum, "written_step": self.written_step}
+
+
+class ShardTransfer:
+    """A :class:`~tierstore.transfer.Transfer` of one shard plus the check or bookkeeping after it."""
+
+    __slots__ = ("_transfer", "_after", "_finished")
+
+    def __init__(self, transfer: Transfer, after: Callable[[], None]) -> None:
+        self._transfer = transfer
+        self._after = after
+        self._finished = False
+
+    def done(self) -> bool:
+        return self._transfer.done()
+
+    def wait(self) -> None:
+        """Wait for the bytes, then verify (reads) or record the checksum (writes)."""
+        self._transfer.wait()
+        if not self._finished:
+            self._finished = True
+            self._after()
 
 
 class ShardStore:
@@ -58,13 +103,16 @@ class ShardStore:
     layout, plan
         What to store and which shards are resident.
     directory
-        Where the state file goes; only needed when the plan has disk shards.
+        Where the state files go; needed when anything is persisted.
     backend
         ``"auto"``, ``"direct"``, ``"buffered"`` or ``"mmap"``.
     io_workers, request_bytes
-        I/O tuning (see :class:`~tierstore.transfer.IOQueue`); never change results.
+        I/O tuning (see :class:`~tierstore.transfer.IOQueue`); never change
+        results. Requests are at least one 64 KiB checksum block.
     pin
         Pin host memory for CUDA copies; ``None`` pins when CUDA is available.
+    durable
+        Keep two copies of every shard on disk and commit steps atomically.
     """
 
     def __init__(
@@ -77,70 +125,125 @@ class ShardStore:
         io_workers: int = 4,
         request_bytes: int = 8 << 20,
         pin: bool | None = None,
+        durable: bool = False,
     ) -> None:
         self.layout = layout
         self.plan = plan
         self.directory = Path(directory) if directory is not None else None
         self.backend_name = backend
         self.io_workers = io_workers
-        self.request_bytes = request_bytes
+        self.request_bytes = round_up(request_bytes, CHECKSUM_BLOCK)
         self.pin = pin
+        self.durable = durable
         resident = set(plan.resident)
         self.entries: list[ShardEntry] = []
+        self._resident_offset: dict[int, int] = {}
         file_offset = 0
         resident_offset = 0
-        self._resident_offset: dict[int, int] = {}
         for shard in layout.shards:
             nbytes = layout.shard_nbytes(shard)
-            if shard.index in resident:
-                self.entries.append(ShardEntry(shard.index, "ram", nbytes, -1))
+            tier = "ram" if shard.index in resident else "disk"
+            self.entries.append(ShardEntry(shard.index, tier, nbytes, file_offset))
+            file_offset += nbytes
+            if tier == "ram":
                 self._resident_offset[shard.index] = resident_offset
                 resident_offset += nbytes
-            else:
-                self.entries.append(ShardEntry(shard.index, "disk", nbytes, file_offset))
-                file_offset += nbytes
         self.file_nbytes = file_offset
-        self.file: ShardFile | None = None
+        self.files: list[ShardFile] = []
         self.io: IOQueue | None = None
         self._resident: HostBuffer | None = None
         self._arena: HostBuffer | None = None
         self._staging: HostBuffer | None = None
+        self._dirty_copies: set[int] = set()
         self.is_open = False
 
     # -- lifecycle ----------------------------------------------------
-    def open(self, *, create: bool = True) -> ShardStore:
-        """Allocate the memory and open (``create``: create and preallocate) the state file."""
+    @property
+    def persists_anything(self) -> bool:
+        return any(self.persisted(e.index) for e in self.entries)
+
+    def persisted(self, index: int) -> bool:
+        """True when shard ``index`` has bytes in the state files."""
+        return self.durable or self.entries[index].tier == "disk"
+
+    @property
+    def copies(self) -> int:
+        return 2 if self.durable else 1
+
+    def open(self, *, committed: list[dict] | None = None) -> ShardStore:
+        """Allocate memory and open the state files.
+
+        Parameters
+        ----------
+        committed
+            ``None`` for fresh state (files created). Otherwise the manifest's
+            per-shard records: the files must exist and resident shards are
+            read (and verified) from their committed copies.
+
+        Raises
+        ------
+        CorruptStateError
+            A state file is missing or truncated, or a resident shard fails its checksum.
+        DiskFullError
+            The extents cannot be allocated.
+        """
         if self.is_open:
             return self
         try:
             self._resident = HostBuffer(self.plan.resident_nbytes, pin=self.pin)
             self._arena = HostBuffer(self.plan.arena_nbytes, pin=self.pin)
             self._staging = HostBuffer(self.plan.staging_nbytes, pin=self.pin)
-            if self.file_nbytes:
-                if self.directory is None:
-                    raise ValueError("a store with disk shards needs a directory")
-                self.backend_name = resolve_backend(self.backend_name, self.directory)
-                self.file = open_backend(self.backend_name, self.state_path, self.file_nbytes, create=create)
-                self.io = IOQueue(workers=self.io_workers, request_bytes=self.request_bytes)
+            if committed is not None:
+                if len(committed) != len(self.entries):
+                    raise CorruptStateError(
+                        f"the manifest lists {len(committed)} shards, the layout has {len(self.entries)}"
+                    )
+                for entry, rec in zip(self.entries, committed):
+                    entry.copy = int(rec["copy"])
+                    entry.checksum = rec["checksum"]
+                    entry.written_step = int(rec.get("written_step", -1))
+            if self.persists_anything or committed is not None:
+                self._open_files(resume=committed is not None)
+            self.is_open = True
+            if committed is not None:
+                self._load_resident()
         except BaseException:
             self.close()
             raise
-        self.is_open = True
         return self
 
-    @property
-    def state_path(self) -> Path:
-        assert self.directory is not None
-        return self.directory / STATE_FILE
+    def _open_files(self, *, resume: bool) -> None:
+        if self.directory is None:
+            raise ConfigError("a store with state on disk needs a directory")
+        self.backend_name = resolve_backend(self.backend_name, self.directory)
+        used_copies = {e.copy for e in self.entries if e.checksum is not None}
+        for c in range(max(self.copies, max(used_copies, default=0) + 1)):
+            path = self.directory / STATE_FILES[c]
+            must_exist = resume and c in used_copies
+            self.files.append(open_backend(self.backend_name, path, self.file_nbytes, create=not must_exist))
+        for entry in self.entries:
+            if self.persisted(entry.index):
+                for f in self.files[: self.copies]:
+                    f.allocate(entry.offset, entry.nbytes)
+        self.io = IOQueue(workers=self.io_workers, request_bytes=self.request_bytes)
+
+    def _load_resident(self) -> None:
+        transfers = []
+        for entry in self.entries:
+            if entry.tier == "ram" and entry.checksum is not None:
+                view = self._resident_view(entry.index)
+                transfers.append(self._read_into(entry, view))
+        for t in transfers:
+            t.wait()
 
     def close(self) -> None:
-        """Flush nothing, free everything; safe to call twice."""
+        """Free memory, stop workers, close files (nothing is flushed); safe to call twice."""
         if self.io is not None:
             self.io.close()
             self.io = None
-        if self.file is not None:
-            self.file.close()
-            self.file = None
+        for f in self.files:
+            f.close()
+        self.files = []
         for name in ("_resident", "_arena", "_staging"):
             buf = getattr(self, name)
             if buf is not None:
@@ -169,10 +272,14 @@ class ShardStore:
     def resident_buffer(self, index: int) -> torch.Tensor:
         """The fp32 elements of resident shard ``index`` (all its fields, back to back)."""
         self._require_open()
-        start = self._resident_offset[index]
-        nbytes = self.entries[index].nbytes
         assert self._resident is not None
-        return self._resident.tensor[start : start + nbytes].view(torch.float32)
+        start = self._resident_offset[index]
+        return self._resident.tensor[start : start + self.entries[index].nbytes].view(torch.float32)
+
+    def _resident_view(self, index: int) -> memoryview:
+        assert self._resident is not None
+        start = self._resident_offset[index]
+        return self._resident.view[start : start + self.entries[index].nbytes]
 
     def slot_buffer(self, slot: int, nbytes: int | None = None) -> torch.Tensor:
         """The fp32 elements of arena slot ``slot`` (its first ``nbytes`` bytes)."""
@@ -199,24 +306,89 @@ class ShardStore:
         return flat[k * shard.capacity : (k + 1) * shard.capacity]
 
     # -- disk ---------------------------------------------------------
-    def read(self, index: int, slot: int) -> Transfer:
-        """Start reading disk shard ``index`` into arena slot ``slot``."""
+    def file_path(self, copy: int) -> Path:
+        assert self.directory is not None
+        return self.directory / STATE_FILES[copy]
+
+    def _read_into(self, entry: ShardEntry, view: memoryview) -> ShardTransfer:
+        assert self.io is not None
+        digests = BlockDigests(entry.nbytes)
+        copy = entry.copy
+        expected = entry.checksum
+        transfer = self.io.read(self.files[copy], view, entry.offset, on_chunk=digests.update)
+
+        def verify() -> None:
+            got = digests.value()
+            if expected is not None and got != expected:
+                raise CorruptStateError(
+                    f"shard {entry.index} in {self.file_path(copy)} (bytes {entry.offset}.."
+                    f"{entry.offset + entry.nbytes}) fails its checksum: expected {expected}, read {got}. "
+                    "The state file is corrupt; nothing was updated from it. Restore the state "
+                    "directory from a checkpoint (`tierstore verify DIR` lists every bad shard)"
+                )
+
+        return ShardTransfer(transfer, verify)
+
+    def _write_from(self, entry: ShardEntry, view: memoryview) -> ShardTransfer:
+        assert self.io is not None
+        digests = BlockDigests(entry.nbytes)
+        # Durable: never overwrite the committed copy. Fresh shards start in copy 0.
+        copy = 1 - entry.copy if (self.durable and entry.checksum is not None) else entry.copy
+        transfer = self.io.write(self.files[copy], view, entry.offset, on_chunk=digests.update)
+        self._dirty_copies.add(copy)
+
+        def record() -> None:
+            entry.pending = (copy, digests.value())
+
+        return ShardTransfer(transfer, record)
+
+    def read(self, index: int, slot: int) -> ShardTransfer:
+        """Start reading disk shard ``index`` into arena slot ``slot`` (verified on ``wait``)."""
         self._require_open()
         entry = self.entries[index]
-        assert entry.tier == "disk" and self.file is not None and self.io is not None
-        return self.io.read(self.file, self._slot_view(slot, entry.nbytes), entry.offset)
+        return self._read_into(entry, self._slot_view(slot, entry.nbytes))
 
-    def write(self, index: int, slot: int) -> Transfer:
-        """Start writing arena slot ``slot`` to disk shard ``index``."""
+    def write(self, index: int, slot: int) -> ShardTransfer:
+        """Start writing arena slot ``slot`` as the new bytes of disk shard ``index``."""
         self._require_open()
         entry = self.entries[index]
-        assert entry.tier == "disk" and self.file is not None and self.io is not None
-        return self.io.write(self.file, self._slot_view(slot, entry.nbytes), entry.offset)
+        return self._write_from(entry, self._slot_view(slot, entry.nbytes))
 
-    def sync(self) -> None:
-        """Make every finished write durable."""
-        if self.file is not None:
-            self.file.sync()
+    def write_resident(self, index: int) -> ShardTransfer:
+        """Start writing resident shard ``index`` to its (uncommitted) copy on disk."""
+        self._require_open()
+        return self._write_from(self.entries[index], self._resident_view(index))
+
+    def commit(self, step: int) -> None:
+        """Make every write since the last commit durable, then adopt it as committed.
+
+        Only after the files are synced do the entries point at the new
+        copies; the caller then writes the manifest naming them.
+        """
+        self._require_open()
+        for copy in sorted(self._dirty_copies):
+            self.files[copy].sync()
+        self._dirty_copies.clear()
+        for entry in self.entries:
+            if entry.pending is not None:
+                entry.copy, entry.checksum = entry.pending
+                entry.written_step = step
+                entry.pending = None
+
+    def abort(self) -> None:
+        """Forget writes since the last commit: the committed copies stay authoritative."""
+        for entry in self.entries:
+            entry.pending = None
+
+    def flush_resident(self) -> None:
+        """Write every resident shard to disk (a non-durable store's clean close)."""
+        transfers = [self.write_resident(e.index) for e in self.entries if e.tier == "ram"]
+        for t in transfers:
+            t.wait()
+
+    def records(self) -> list[dict]:
+        """The committed per-shard records, for the manifest."""
+        return [e.record() for e in self.entries]
 
     # -- accounting ---------------------------------------------------
     @property
@@ -225,4 +397,6 @@ class ShardStore:
 
     @property
     def disk_nbytes(self) -> int:
-        return self.file_nbytes
+        """Bytes allocated for state on disk (all copies)."""
+        per_copy = sum(e.nbytes for e in self.entries if self.persisted(e.index))
+        return per_copy * self.copies

@@ -37,8 +37,9 @@ class ShardFile(ABC):
     Parameters
     ----------
     path
-        The file. With ``create=True`` it is created (or extended) and its
-        blocks are allocated up front; otherwise it must exist with at least
+        The file. With ``create=True`` it is created (or extended, sparse) to
+        ``nbytes``; :meth:`allocate` then reserves the blocks of the ranges
+        that will be written. Otherwise it must exist with at least
         ``nbytes`` bytes.
     nbytes
         The file's size in bytes (a multiple of 4096).
@@ -80,6 +81,16 @@ class ShardFile(ABC):
     def close(self) -> None:
         """Release the file; safe to call twice."""
 
+    def allocate(self, offset: int, length: int) -> None:
+        """Reserve the blocks of ``[offset, offset + length)`` so writes there cannot hit ENOSPC.
+
+        Raises
+        ------
+        DiskFullError
+            If the drive has no room for them.
+        """
+        preallocate(self._fd, self.path, offset, length)
+
     def __enter__(self) -> ShardFile:
         return self
 
@@ -119,7 +130,8 @@ def open_fd(path: Path, nbytes: int, *, create: bool, flags: int) -> int:
         raise BackendError(f"cannot open state file {path}: {exc.strerror}") from exc
     try:
         if create:
-            preallocate(fd, path, nbytes)
+            if os.fstat(fd).st_size < nbytes:
+                os.ftruncate(fd, nbytes)
         else:
             size = os.fstat(fd).st_size
             if size < nbytes:
@@ -133,22 +145,21 @@ def open_fd(path: Path, nbytes: int, *, create: bool, flags: int) -> int:
     return fd
 
 
-def preallocate(fd: int, path: Path, nbytes: int) -> None:
-    """Allocate the file's blocks now so a later write cannot run out of space."""
+def preallocate(fd: int, path: Path, offset: int, length: int) -> None:
+    """Allocate blocks of ``[offset, offset + length)`` now so later writes cannot run out of space."""
+    if length <= 0:
+        return
     try:
-        if os.fstat(fd).st_size < nbytes:
-            os.posix_fallocate(fd, 0, nbytes)
+        os.posix_fallocate(fd, offset, length)
     except OSError as exc:
-        if exc.errno == errno.ENOSPC:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFullError(
-                f"no space left to allocate {nbytes} bytes for {path}; free space on that "
+                f"no space left to allocate {length} bytes for {path}; free space on that "
                 "drive or choose a state_dir on a larger one"
             ) from exc
-        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
-            # Filesystems without fallocate: extend the file sparsely instead.
-            os.ftruncate(fd, nbytes)
-        else:
-            raise BackendError(f"cannot allocate {nbytes} bytes for {path}: {exc.strerror}") from exc
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise BackendError(f"cannot allocate {length} bytes for {path}: {exc.strerror}") from exc
+        # Filesystems without fallocate keep the file sparse; writes allocate as they go.
 
 
 def io_error(exc: OSError, path: Path, what: str, offset: int, length: int) -> Exception:
