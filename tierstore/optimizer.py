@@ -350,8 +350,10 @@ class TieredAdamW(torch.optim.Optimizer):
         self._pipeline = ShardPipeline(self._store, prefetch_depth=self._knobs["prefetch_depth"])
         if saved is None:
             self._store.open()
-            self._init_shards()
-            self._commit()
+            self._failure = None
+            with self._mutation():
+                self._init_shards()
+                self._commit()
             return
         self._store.open(committed=saved["shards"])
         self._step_count = int(saved["step_count"])
@@ -422,6 +424,7 @@ class TieredAdamW(torch.optim.Optimizer):
         if self._durable:
             store.commit(self._step_count)
             self._statedir.write_manifest(self._manifest(clean=True))
+            self._statedir.end_writes()
             return
         if self._statedir.private:
             store.commit(self._step_count)
@@ -484,6 +487,8 @@ class TieredAdamW(torch.optim.Optimizer):
         optimizer built with ``resume=True`` continues from the last commit.
         """
         try:
+            if self._durable and self._statedir is not None:
+                self._statedir.begin_writes()
             yield
         except BaseException as exc:
             if self._store is not None:

@@ -14,13 +14,14 @@ Example
 >>> d = StateDir(tempfile.mkdtemp()).open()
 >>> d.holds_state()
 False
->>> d.write_manifest({"format_version": 1}); d.holds_state()
+>>> d.write_manifest({"step_count": 0}); d.holds_state()
 True
 >>> d.close()
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -30,12 +31,21 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import CorruptStateError, FormatVersionError, StateDirError, StateDirInUseError
+import xxhash
+
+from .errors import (
+    CorruptStateError,
+    DiskFullError,
+    FormatVersionError,
+    StateDirError,
+    StateDirInUseError,
+)
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 LOCK = ".lock"
+INFLIGHT = ".inflight"  # present while a step may be overwriting stale copies
 FORMAT_NAME = "tierstore"
 FORMAT_VERSION = 1
 
@@ -121,36 +131,48 @@ class StateDir:
         return (self.path / MANIFEST).exists() or any(self.path.glob("shards*.bin"))
 
     def read_manifest(self) -> dict:
-        """The manifest, checked for format and version.
+        """The manifest, checked for integrity, format and version.
 
         Raises
         ------
         CorruptStateError
-            If it is missing or not valid JSON.
+            If it is missing, not valid JSON, or fails its checksum.
         FormatVersionError
             If it was written by a newer (or unknown) format version.
         """
-        path = self.file(MANIFEST)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise CorruptStateError(f"{path} is missing; this directory holds no committed state") from None
-        except (OSError, ValueError) as exc:
-            raise CorruptStateError(f"{path} cannot be read ({exc}); restore it from a checkpoint") from exc
-        if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
-            raise CorruptStateError(f"{path} is not a tierstore manifest")
-        version = data.get("format_version")
-        if version != FORMAT_VERSION:
-            raise FormatVersionError(
-                f"{path} has format_version {version!r}; this tierstore reads version {FORMAT_VERSION}. "
-                + ("Upgrade tierstore to read it." if isinstance(version, int) and version > FORMAT_VERSION else "")
-            )
-        return data
+        assert self.path is not None
+        return read_manifest_file(self.path / MANIFEST)
 
     def write_manifest(self, data: dict) -> None:
-        """Replace the manifest atomically and durably."""
-        data = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **data}
-        atomic_write(self.file(MANIFEST), json.dumps(data, indent=1, sort_keys=True).encode())
+        """Replace the manifest atomically and durably (with its checksum)."""
+        body = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **data}
+        body.pop("manifest_checksum", None)
+        body["manifest_checksum"] = _manifest_checksum(body)
+        atomic_write(self.file(MANIFEST), json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
+    def begin_writes(self) -> None:
+        """Durably mark that stale copies are about to be overwritten (once per commit)."""
+        path = self.file(INFLIGHT)
+        if path.exists():
+            return
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(path.parent)
+        except OSError as exc:
+            raise _dir_error(exc, path) from exc
+
+    def end_writes(self) -> None:
+        """Remove the in-flight marker after a commit (no sync: a leftover marker is harmless)."""
+        with contextlib.suppress(FileNotFoundError):
+            self.file(INFLIGHT).unlink()
+
+    def writes_in_flight(self) -> bool:
+        """True if a step may have been interrupted while overwriting stale copies."""
+        return self.file(INFLIGHT).exists()
 
     def close(self) -> None:
         """Release the lock; remove the directory if it was private. Safe twice."""
@@ -165,19 +187,77 @@ class StateDir:
             self.path = None
 
 
-def atomic_write(path: Path, payload: bytes) -> None:
-    """Write ``payload`` to ``path`` so that a crash leaves the old or the new content."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def _manifest_checksum(body: dict) -> str:
+    content = {k: v for k, v in body.items() if k != "manifest_checksum"}
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
+    return f"{xxhash.xxh3_64_intdigest(canonical):016x}"
+
+
+def read_manifest_file(path: Path) -> dict:
+    """Read and check a manifest file (see :meth:`StateDir.read_manifest`)."""
     try:
-        view = memoryview(payload)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise CorruptStateError(f"{path} is missing; this directory holds no committed state") from None
+    except OSError as exc:
+        raise CorruptStateError(f"{path} cannot be read ({exc.strerror}); restore it from a checkpoint") from exc
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise CorruptStateError(
+            f"{path} is corrupt (not valid JSON: {exc}); restore the state directory from a checkpoint"
+        ) from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+        raise CorruptStateError(f"{path} is not a tierstore manifest")
+    version = data.get("format_version")
+    if version != FORMAT_VERSION:
+        newer = isinstance(version, int) and version > FORMAT_VERSION
+        raise FormatVersionError(
+            f"{path} has format_version {version!r}; this tierstore ({FORMAT_NAME} format "
+            f"{FORMAT_VERSION}) cannot read it. "
+            + ("Upgrade tierstore to resume it." if newer else "It was not written by a known tierstore.")
+        )
+    if data.get("manifest_checksum") != _manifest_checksum(data):
+        raise CorruptStateError(
+            f"{path} fails its checksum: it was modified or corrupted after it was written; "
+            "restore the state directory from a checkpoint"
+        )
+    return data
+
+
+def _dir_error(exc: OSError, path: Path) -> Exception:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFullError(
+            f"disk full while writing {path}; free space on that drive. The last committed "
+            "state is untouched and resumable"
+        )
+    return StateDirError(f"cannot write {path}: {exc.strerror}")
+
+
+def atomic_write(path: Path, payload: bytes) -> None:
+    """Write ``payload`` to ``path`` so that a crash leaves the old or the new content.
+
+    Raises
+    ------
+    DiskFullError
+        If the drive is full; the old file is left as it was.
+    """
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise _dir_error(exc, path) from exc
 
 
 def fsync_dir(path: Path) -> None:

@@ -67,11 +67,17 @@ class ShardEntry:
     copy: int = 0  # the file holding the committed bytes
     checksum: str | None = None  # checksum of the committed bytes (None: nothing committed)
     written_step: int = -1  # the step_count whose commit wrote the committed bytes
+    stale_checksum: str | None = None  # checksum of the other copy (the previous commit), if intact
     pending: tuple[int, str] | None = None  # (copy, checksum) written since the last commit
 
     def record(self) -> dict:
         """What the manifest keeps of this shard."""
-        return {"copy": self.copy, "checksum": self.checksum, "written_step": self.written_step}
+        return {
+            "copy": self.copy,
+            "checksum": self.checksum,
+            "stale_checksum": self.stale_checksum,
+            "written_step": self.written_step,
+        }
 
 
 class ShardTransfer:
@@ -202,6 +208,7 @@ class ShardStore:
                     entry.copy = int(rec["copy"])
                     entry.checksum = rec["checksum"]
                     entry.written_step = int(rec.get("written_step", -1))
+                    entry.stale_checksum = rec.get("stale_checksum")
             if self.persists_anything or committed is not None:
                 self._open_files(resume=committed is not None)
             self.is_open = True
@@ -371,7 +378,10 @@ class ShardStore:
         self._dirty_copies.clear()
         for entry in self.entries:
             if entry.pending is not None:
-                entry.copy, entry.checksum = entry.pending
+                copy, checksum = entry.pending
+                if copy != entry.copy:
+                    entry.stale_checksum = entry.checksum
+                entry.copy, entry.checksum = copy, checksum
                 entry.written_step = step
                 entry.pending = None
 
