@@ -782,34 +782,10 @@ class TieredAdamW(torch.optim.Optimizer):
                         f"has {meta.numel} (shape {meta.shape})"
                     )
             incoming[i] = entry
-        with self._mutation():
-            self._write_in(incoming)
-            self._apply_loaded(incoming, saved_groups)
-            self._commit()
-        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
-            post_hook(self)
-
-    def _apply_loaded(self, incoming: dict[int, dict[str, Any]], saved_groups: list[dict[str, Any]]) -> None:
-        for i, p in enumerate(self._params):
-            if i in incoming and "step" in incoming[i]:
-                self.state[p] = {"step": torch.tensor(float(incoming[i]["step"]), dtype=torch.float32)}
-            else:
-                self.state.pop(p, None)
-        for mine, saved in zip(self.param_groups, saved_groups):
-            for key, value in saved.items():
-                if key != "params":
-                    mine[key] = value
-            for key, value in _TORCH_GROUP_DEFAULTS.items():
-                mine.setdefault(key, value)
-            mine["betas"] = tuple(float(b) for b in mine["betas"])
-
-    def _write_in(self, incoming: dict[int, dict[str, Any]]) -> None:
-        """Rewrite every shard from ``incoming`` (zeros where absent; master from params)."""
         sources = {
             i: {k: v.detach().reshape(-1) for k, v in e.items() if k != "step" and isinstance(v, Tensor)}
             for i, e in incoming.items()
         }
-        params = {i: _local(p).detach().reshape(-1) for i, p in enumerate(self._params) if p.requires_grad}
 
         def fill(shard: ShardSpec, flat: Tensor) -> None:
             flat.zero_()
@@ -817,19 +793,95 @@ class TieredAdamW(torch.optim.Optimizer):
                 lo, hi = seg.param_offset, seg.param_offset + seg.length
                 s0, s1 = seg.shard_offset, seg.shard_offset + seg.length
                 src = sources.get(seg.param, {})
-                for key in STATE_KEYS:
-                    if key in src and key in self._layout.fields:
-                        self._store.field(flat, shard, key)[s0:s1].copy_(src[key][lo:hi])
-                if self._master:
-                    master = self._store.field(flat, shard, "master")
-                    master[s0:s1].copy_(src[MASTER_KEY][lo:hi] if MASTER_KEY in src else params[seg.param][lo:hi])
+                for key in (*STATE_KEYS, MASTER_KEY):
+                    field = self._field_of(key)
+                    if key in src and field in self._layout.fields:
+                        self._store.field(flat, shard, field)[s0:s1].copy_(src[key][lo:hi])
 
-        self._pipeline.run(range(len(self._layout.shards)), fill, read=False)
-        if self._master:
-            # Parameters follow their (possibly loaded) master copy.
-            for i, src in sources.items():
-                if MASTER_KEY in src:
-                    _local(self._params[i]).detach().view(-1).copy_(src[MASTER_KEY])
+        steps = {i: float(e["step"]) for i, e in incoming.items() if "step" in e}
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in saved_groups]
+        self._replace_shards(fill, param_steps=steps, groups=groups, masters_given=set(
+            i for i, src in sources.items() if MASTER_KEY in src
+        ))
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
+
+    # -- streaming access (state_dict, checkpoints) -------------------
+    def _read_shards(self, visit: Callable[[ShardSpec, Tensor], object], shards: Iterable[int] | None = None) -> None:
+        """Call ``visit(shard, flat)`` with every shard's current fp32 bytes, read-only.
+
+        Disk shards stream through the arena, so this needs no RAM beyond the budget.
+        """
+        self._require_open()
+        order = range(len(self._layout.shards)) if shards is None else shards
+        self._pipeline.run(order, visit, write=False)
+
+    def _replace_shards(
+        self,
+        fill: Callable[[ShardSpec, Tensor], object],
+        *,
+        param_steps: dict[int, float],
+        groups: list[dict[str, Any]] | None = None,
+        masters_given: set[int] | None = None,
+    ) -> None:
+        """Overwrite the whole state, shard by shard, and commit it.
+
+        ``fill(shard, flat)`` must set every element of ``flat`` (it arrives
+        with stale bytes). Master elements of parameters not in
+        ``masters_given`` are then seeded from the parameters; parameters in it
+        take their (loaded) master value. ``param_steps`` replaces every step
+        count (parameters absent from it have no state, as after construction).
+        """
+        self._require_open()
+        given = masters_given or set()
+        flat_params = {i: _local(p).detach().view(-1) for i, p in enumerate(self._params) if p.requires_grad}
+
+        def fill_and_sync(shard: ShardSpec, flat: Tensor) -> None:
+            fill(shard, flat)
+            if not self._master:
+                return
+            master = self._store.field(flat, shard, "master")
+            for seg in shard.segments:
+                lo, hi = seg.param_offset, seg.param_offset + seg.length
+                s0, s1 = seg.shard_offset, seg.shard_offset + seg.length
+                if seg.param in given:
+                    flat_params[seg.param][lo:hi].copy_(master[s0:s1])
+                else:
+                    master[s0:s1].copy_(flat_params[seg.param][lo:hi])
+
+        with self._mutation():
+            self._pipeline.run(range(len(self._layout.shards)), fill_and_sync, read=False)
+            for i, p in enumerate(self._params):
+                if i in param_steps:
+                    self.state[p] = {"step": torch.tensor(float(param_steps[i]), dtype=torch.float32)}
+                else:
+                    self.state.pop(p, None)
+            for mine, saved in zip(self.param_groups, groups or []):
+                for key, value in saved.items():
+                    if key != "params":
+                        mine[key] = value
+                for key, value in _TORCH_GROUP_DEFAULTS.items():
+                    mine.setdefault(key, value)
+                mine["betas"] = tuple(float(b) for b in mine["betas"])
+            self._commit()
+
+    def save_checkpoint(self, path: str, **options: Any) -> None:
+        """Stream the state into a zarr v3 store at ``path``, one chunk per shard.
+
+        See :func:`tierstore.checkpoint.save_checkpoint` for the layout and options.
+        """
+        from .checkpoint import save_checkpoint
+
+        save_checkpoint(self, path, **options)
+
+    def load_checkpoint(self, path: str, **options: Any) -> None:
+        """Stream a zarr checkpoint written by :meth:`save_checkpoint` back into the state.
+
+        See :func:`tierstore.checkpoint.load_checkpoint`.
+        """
+        from .checkpoint import load_checkpoint
+
+        load_checkpoint(self, path, **options)
 
     # -- introspection ------------------------------------------------
     @property
