@@ -22,8 +22,9 @@ The formulas, for P trainable parameters with ``b`` bytes each (4 in fp32,
   disk reads every on-disk shard once and writes it once (durable: resident
   shards are written too);
 - step time >= max(disk_read/read_bw + disk_write/write_bw,
-  max(down, up)/pcie_bw, P/update_rate, 2·state/memory_bw), over the terms
-  whose bandwidth is known.
+  max(down, up)/pcie_bw, P/update_rate, state/memory_copy_bw), over the
+  terms whose bandwidth is known (the update reads and writes every state
+  byte once: the memory traffic of one copy of the state).
 
 Example
 -------
@@ -78,7 +79,7 @@ class Bandwidth:
     read_gbps: float | None = None
     write_gbps: float | None = None
     pcie_gbps: float | None = None
-    memory_gbps: float | None = None
+    memory_gbps: float | None = None  # host memory copy: bytes copied per second
     update_gparams: float = DEFAULT_UPDATE_GPARAMS
 
 
@@ -274,7 +275,7 @@ def read_io_json(path: str | Path) -> dict[str, float | None]:
     except FileNotFoundError:
         raise ConfigError(
             f"io json file {str(path)!r} does not exist; write one with "
-            f"`tierstore bench io --dir DIR --json > {path}` or pass --read-gbps/--write-gbps"
+            f"`tierstore bench io --dir DIR --json {path}` or pass --read-gbps/--write-gbps"
         ) from None
     except OSError as exc:
         raise ConfigError(f"io json file {str(path)!r} cannot be read: {exc}") from None
@@ -287,7 +288,13 @@ def read_io_json(path: str | Path) -> dict[str, float | None]:
     summary = data.get("summary") if isinstance(data, dict) else None
     summary = summary if isinstance(summary, dict) else {}
     keys = {"read_gbps": "best_read_GBps", "write_gbps": "best_write_GBps", "memory_gbps": "memory_GBps"}
-    return {ours: _rate(summary.get(theirs), f"summary.{theirs} in {path}") for ours, theirs in keys.items()}
+    found = {}
+    for ours, theirs in keys.items():
+        value = summary.get(theirs)
+        if isinstance(value, float) and math.isnan(value):
+            value = None  # bench io writes NaN for what it could not measure
+        found[ours] = _rate(value, f"summary.{theirs} in {path}")
+    return found
 
 
 def load_model(spec: str) -> torch.nn.Module:
@@ -449,7 +456,8 @@ def plan_memory(
         Free bytes on the state directory's drive (``None``: unknown).
     durable
         Durability keeps a second copy of every shard on disk and writes the
-        resident shards every step too.
+        resident shards every step too. ``TieredAdamW`` is durable by default
+        when given a ``state_dir`` (the CLI follows that: on with ``--state-dir``).
     shard_numel, prefetch_depth
         As ``TieredAdamW`` (``None`` picks its automatic shard size).
     bandwidth
@@ -610,7 +618,7 @@ def plan_memory(
         )
     if gpu_tier.fits is False:
         notes.append("the GPU cannot hold the weights and grads; shard the model (FSDP2) or use a bigger GPU")
-    if tiers.disk_shards and disk_free is None:
+    if disk.total and disk_free is None:
         notes.append("free disk space unknown: pass --state-dir to check the drive")
     return MemoryPlan(
         trainable_params=n_train,
@@ -640,7 +648,7 @@ def plan_memory(
 
 STEP_TIME_FORMULA = (
     "max(disk_read/read_bw + disk_write/write_bw, max(pcie_down, pcie_up)/pcie_bw, "
-    "trainable/update_rate, 2*state/memory_bw)"
+    "trainable/update_rate, state/memory_copy_bw)"
 )
 
 
@@ -659,7 +667,7 @@ def _step_time(traffic: Traffic, bw: Bandwidth, n_train: int, state: int) -> Ste
     elif bw.pcie_gbps:
         pcie = max(traffic.pcie_down, traffic.pcie_up) / (bw.pcie_gbps * GB)
     update = n_train / (bw.update_gparams * GB)
-    memory = 2 * state / (bw.memory_gbps * GB) if bw.memory_gbps else None
+    memory = state / (bw.memory_gbps * GB) if bw.memory_gbps else None
     terms = {"disk": disk, "pcie": pcie, "update": update, "memory": memory}
     bound_by, lower = max(((k, v) for k, v in terms.items() if v is not None), key=lambda kv: kv[1])
     return StepTime(disk=disk, pcie=pcie, update=update, memory=memory, lower_bound=lower, bound_by=bound_by, formula=STEP_TIME_FORMULA)
@@ -736,7 +744,8 @@ def format_plan(plan: MemoryPlan) -> str:
         f"host RAM: {_b(h.ram)}; ram_budget {_b(h.budget)}{budget_how}",
         "  arena                "
         + (f"{h.arena_slots} slots x {format_size(h.slot)} = {_b(h.arena)}" if h.arena_slots else "none (all state resident)"),
-        f"  staging              {h.staging_buffers} x {format_size(h.slot // max(len(p.fields), 1))} = {_b(h.staging)}",
+        "  staging              "
+        + (f"{h.staging_buffers} x {format_size(h.staging // h.staging_buffers)} = {_b(h.staging)}" if h.staging_buffers else "none (fp32 on the CPU)"),
         f"  resident state       {_b(h.resident)} ({h.resident_shards:,} of {p.shards:,} shards)",
         f"  tierstore total      {_b(h.tierstore_total)}",
     ]
@@ -751,17 +760,18 @@ def format_plan(plan: MemoryPlan) -> str:
         f"  total                {_b(d.total)}" + ("" if d.fits is None else ("  fits" if d.fits else "  DOES NOT FIT")),
         "",
         "per step",
-        f"  PCIe                 down {_b(t.pcie_down)} (grads), up {_b(t.pcie_up)} (params)",
+        "  PCIe                 "
+        + (f"down {_b(t.pcie_down)} (grads), up {_b(t.pcie_up)} (params)" if g.used else "none (no GPU)"),
         f"  disk                 read {_b(t.disk_read)}, write {_b(t.disk_write)}",
     ]
     bw = p.bandwidth
-    known = lambda v, unit="GB/s": "?" if v is None else f"{v:g} {unit}"  # noqa: E731
+    known = lambda v, unit="GB/s": "?" if v is None else f"{v:.3g} {unit}"  # noqa: E731
     lines += [
         f"  step time >= {_secs(s.lower_bound)} (bound by {s.bound_by})",
         f"    = max(disk {_secs(s.disk)}, PCIe {_secs(s.pcie)}, CPU update {_secs(s.update)}, memory {_secs(s.memory)})",
         f"    disk = read/{known(bw.read_gbps)} + write/{known(bw.write_gbps)}; PCIe = max(down, up)/"
         f"{known(bw.pcie_gbps)}; update = params/{known(bw.update_gparams, 'Gparam/s')}; "
-        f"memory = 2 x state/{known(bw.memory_gbps)}",
+        f"memory = state/{known(bw.memory_gbps)} (copy)",
         "SSD endurance",
         f"  writes               {_b(e.writes_per_step)} per step, {_b(e.writes_per_1000_steps)} per 1,000 steps",
     ]
@@ -781,7 +791,7 @@ def format_plan(plan: MemoryPlan) -> str:
         f"optimizer {_b(tb.optimizer)} ({opt_per_param} B/param) = {_b(tb.total)}"
         f" ({tb.total // max(p.trainable_params, 1)} B/param){fits}",
         f"TieredAdamW(..., ram_budget={h.budget}, shard_numel={p.shard_numel}, "
-        f"prefetch_depth={p.prefetch_depth})  # ram_budget = {format_size(h.budget)}",
+        f"prefetch_depth={p.prefetch_depth}{', durable=True' if p.durable else ''})  # ram_budget = {format_size(h.budget)}",
     ]
     lines += [f"note: {n}" for n in p.notes]
     lines.append(f"verdict: {p.verdict}")
@@ -803,14 +813,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ram-budget", metavar="SIZE", help="host RAM given to tierstore (default: 90%% of host RAM, minus the model for CPU training)")
     parser.add_argument("--state-dir", metavar="PATH", help="where the state would live; its drive's free space is checked")
     parser.add_argument("--disk-free", metavar="SIZE", help="free space on the drive (instead of reading --state-dir)")
-    parser.add_argument("--durable", action=argparse.BooleanOptionalAction, default=False, help="keep a second copy of every shard on disk (default: no)")
+    parser.add_argument("--durable", action=argparse.BooleanOptionalAction, default=None, help="keep a second copy of every shard on disk (default: on with --state-dir, as TieredAdamW)")
     parser.add_argument("--shard-numel", type=int, help="elements per shard (default: TieredAdamW's automatic choice)")
     parser.add_argument("--prefetch-depth", type=int, default=DEFAULT_PREFETCH_DEPTH, help="shards read ahead; the arena has prefetch_depth + 2 slots")
     parser.add_argument("--io-json", metavar="FILE", help="bandwidths from `tierstore bench io --json`")
     parser.add_argument("--read-gbps", help="drive read bandwidth, GB/s (overrides --io-json)")
     parser.add_argument("--write-gbps", help="drive write bandwidth, GB/s (overrides --io-json)")
     parser.add_argument("--pcie-gbps", help="host<->GPU bandwidth per direction, GB/s")
-    parser.add_argument("--memory-gbps", help="host memory bandwidth, GB/s (overrides --io-json)")
+    parser.add_argument("--memory-gbps", help="host memory copy bandwidth, GB/s (overrides --io-json)")
     parser.add_argument("--update-gparams", default=str(DEFAULT_UPDATE_GPARAMS), help="CPU AdamW update rate, Gparam/s (default 1)")
     parser.add_argument("--drive-tbw", help="the drive's rated endurance, TB written, e.g. 600")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -856,7 +866,7 @@ def run(args: argparse.Namespace) -> int:
         gpu_memory=_size(args.gpu_memory, "--gpu-memory"),
         ram_budget=_size(args.ram_budget, "--ram-budget"),
         disk_free=free,
-        durable=args.durable,
+        durable=bool(args.state_dir) if args.durable is None else args.durable,
         shard_numel=args.shard_numel,
         prefetch_depth=args.prefetch_depth,
         bandwidth=bandwidth,

@@ -1,0 +1,362 @@
+"""``tierstore plan``: the arithmetic against hand-computed cases, the CLI, bad inputs.
+
+The hand-computed numbers are written out as arithmetic on purpose: each can
+be checked with a pocket calculator (B/param x params, shard counts, what a
+budget holds after the arena).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tierstore import BudgetError, ConfigError, TieredAdamW
+from tierstore.cli import main
+from tierstore.planner import Bandwidth, load_model, parse_count, plan_memory
+
+GiB = 1 << 30
+MiB = 1 << 20
+HOST = 512 * GiB
+DEFAULT_BUDGET = int(HOST * 0.9)  # 494_780_232_499
+P7 = 7_000_000_000
+P7_PADDED = 7_000_000_512  # one tensor; the flat space is rounded up to 1024 elements
+P70 = 70_000_000_000  # a multiple of 1024: no padding
+
+
+# -- factories for --model (built on the meta device) ------------------------------
+SEEN_DEVICES: list[str] = []
+
+
+def tiny_factory() -> torch.nn.Module:
+    """No device kwarg: the planner builds it under ``with torch.device('meta')``."""
+    model = torch.nn.Sequential(torch.nn.Linear(100, 200), torch.nn.Linear(200, 10))
+    model[0].bias.requires_grad_(False)  # 200 frozen
+    SEEN_DEVICES.append(model[0].weight.device.type)
+    return model
+
+
+def tiny_factory_with_device(device: torch.device | str = "cpu") -> torch.nn.Module:
+    SEEN_DEVICES.append(torch.device(device).type)
+    return torch.nn.Linear(64, 32, device=device, dtype=torch.bfloat16)
+
+
+def not_a_module() -> int:
+    return 3
+
+
+def broken_factory() -> torch.nn.Module:
+    raise RuntimeError("boom")
+
+
+# -- the arithmetic ----------------------------------------------------------------
+def test_7b_fp32_cpu() -> None:
+    plan = plan_memory(P7, host_ram=HOST)
+    assert plan.fields == ("exp_avg", "exp_avg_sq")
+    assert plan.state_bytes_per_param == 8  # two fp32 moments, no master
+    assert plan.state == P7_PADDED * 8
+    assert plan.host.model == P7 * 4 + P7 * 4  # weights and grads live on the host
+    assert plan.host.budget == DEFAULT_BUDGET - P7 * 8
+    assert plan.host.staging == 0 and plan.host.arena == 0
+    assert plan.host.resident == plan.state
+    assert plan.gpu.used is False and plan.gpu.total == 0
+    assert plan.traffic.pcie_down == plan.traffic.pcie_up == 0
+    assert plan.traffic.disk_read == plan.traffic.disk_write == 0
+    # plain torch AdamW in fp32: 4 weights + 4 grads + 8 moments = 16 B/param
+    assert (plan.torch.weights, plan.torch.grads, plan.torch.optimizer) == (P7 * 4, P7 * 4, P7 * 8)
+    assert plan.torch.total == 16 * P7 == 112_000_000_000
+    assert plan.torch.where == "host RAM"
+    assert plan.verdict == "fits in host RAM"
+    assert plan.step_time.lower_bound == pytest.approx(7.0)  # 7e9 params at 1 Gparam/s
+
+
+def test_7b_bf16_gpu() -> None:
+    plan = plan_memory(P7, precision="bf16", host_ram=HOST, gpu_memory=80 * 10**9)
+    assert plan.fields == ("master", "exp_avg", "exp_avg_sq")
+    assert plan.state_bytes_per_param == 12  # 8 B moments + 4 B fp32 master
+    assert plan.state == P7_PADDED * 12  # ~84 GB
+    assert (plan.gpu.weights, plan.gpu.grads, plan.gpu.total) == (P7 * 2, P7 * 2, P7 * 4)
+    assert plan.gpu.fits is True
+    assert plan.host.model == 0
+    assert plan.host.budget == DEFAULT_BUDGET
+    assert plan.shard_numel == 1 << 22
+    assert plan.host.staging == 4 * (1 << 22) * 4  # 4 fp32 staging buffers with CUDA
+    assert plan.host.resident == plan.state and plan.verdict == "fits in host RAM"
+    assert plan.traffic.pcie_down == plan.traffic.pcie_up == P7 * 2
+    # mixed precision: 2 + 2 weights/grads + 8 moments + 4 master = 16 B/param
+    assert plan.torch.optimizer == 12 * P7 == 84_000_000_000
+    assert plan.torch.total == 16 * P7
+    assert plan.torch.fits is False  # 112 GB > 80 GB
+
+
+def test_fp32_on_gpu_keeps_a_master_like_tieredadamw() -> None:
+    plan = plan_memory(P7, precision="fp32", host_ram=HOST, gpu=True)
+    assert plan.state_bytes_per_param == 12
+    assert plan.torch.optimizer == 8 * P7  # torch keeps no master in fp32
+    assert any("master" in note for note in plan.notes)
+
+
+SHARD = 1 << 25  # 70B tests use big shards to stay fast; the arithmetic is the same
+SHARDS70 = 2087  # ceil(70e9 / 2**25); the last holds 5_454_848 elements
+
+
+@pytest.mark.parametrize(
+    ("amsgrad", "durable", "bpp"),
+    [(False, False, 12), (False, True, 12), (True, False, 16), (True, True, 16)],
+)
+def test_70b_bf16(amsgrad: bool, durable: bool, bpp: int) -> None:
+    plan = plan_memory(
+        P70, precision="bf16", amsgrad=amsgrad, durable=durable, host_ram=HOST,
+        gpu_memory=80 * 10**9, shard_numel=SHARD,
+    )
+    state = P70 * bpp
+    slot = SHARD * bpp
+    arena = 4 * slot  # prefetch_depth 2 + 2
+    staging = 4 * SHARD * 4
+    resident_shards = (DEFAULT_BUDGET - arena - staging) // slot
+    assert resident_shards == (1223 if bpp == 12 else 916)
+    resident = resident_shards * slot
+    on_disk = state - resident
+    assert plan.state == state and plan.shards == SHARDS70
+    assert (plan.host.arena, plan.host.staging, plan.host.resident) == (arena, staging, resident)
+    assert plan.host.tierstore_total == arena + staging + resident <= DEFAULT_BUDGET
+    assert plan.verdict == "needs disk tier"
+    assert plan.traffic.disk_read == on_disk
+    if durable:
+        assert plan.disk.total == 2 * state  # a second copy of every shard
+        assert plan.traffic.disk_write == on_disk + resident == state
+    else:
+        assert plan.disk.total == on_disk
+        assert plan.traffic.disk_write == on_disk
+    assert plan.gpu.total == P70 * 4 and plan.gpu.fits is False  # 140 GB of bf16 weights+grads
+    assert plan.torch.optimizer == P70 * (12 + (4 if amsgrad else 0))
+    assert plan.torch.total == P70 * (16 + (4 if amsgrad else 0))
+
+
+def test_budget_split_by_hand() -> None:
+    numel = 10 * MiB  # 10 shards of 1 Mi elements, 8 MiB each (two moments)
+    common = dict(host_ram=64 * GiB, shard_numel=1 << 20)
+    plan = plan_memory(numel, ram_budget=40 * MiB + 1, **common)
+    assert (plan.host.arena, plan.host.resident_shards, plan.disk.disk_shards) == (32 * MiB, 1, 9)
+    assert plan.disk.total == plan.traffic.disk_read == plan.traffic.disk_write == 72 * MiB
+    everything = plan_memory(numel, ram_budget=80 * MiB, **common)
+    assert everything.host.resident == 80 * MiB and everything.host.arena == 0
+    deeper = plan_memory(numel, ram_budget=56 * MiB, prefetch_depth=4, **common)
+    assert deeper.host.arena == 48 * MiB and deeper.host.resident_shards == 1
+    with pytest.raises(BudgetError, match="arena"):
+        plan_memory(numel, ram_budget=31 * MiB, **common)
+
+
+def test_does_not_fit_on_the_drive() -> None:
+    plan = plan_memory(P70, precision="bf16", host_ram=HOST, gpu=True, shard_numel=SHARD, disk_free=100 * 10**9)
+    assert plan.disk.fits is False and plan.verdict == "does not fit on the drive"
+    durable_only = plan_memory(P7, host_ram=HOST, durable=True, disk_free=10 * 10**9)
+    assert durable_only.verdict == "does not fit on the drive"
+
+
+def test_step_time_and_endurance_by_hand() -> None:
+    bw = Bandwidth(read_gbps=4.0, write_gbps=2.0, pcie_gbps=20.0, memory_gbps=100.0, update_gparams=50.0)
+    plan = plan_memory(10 * MiB, host_ram=64 * GiB, ram_budget=64 * MiB, shard_numel=1 << 20,
+                       gpu=True, bandwidth=bw, drive_tbw=600)
+    # 12 B/param (a GPU keeps the master), shards of 12 MiB: the 4-slot arena (48 MiB) and
+    # 4 staging buffers (16 MiB) take the whole budget, so all 10 shards are on disk.
+    assert plan.traffic.disk_read == plan.traffic.disk_write == 120 * MiB
+    t = plan.traffic
+    assert plan.step_time.disk == pytest.approx(t.disk_read / 4e9 + t.disk_write / 2e9)
+    assert plan.step_time.pcie == pytest.approx(10 * MiB * 4 / 20e9)
+    assert plan.step_time.update == pytest.approx(10 * MiB / 50e9)
+    assert plan.step_time.memory == pytest.approx(plan.state / 100e9)
+    assert plan.step_time.lower_bound == max(plan.step_time.disk, plan.step_time.pcie, plan.step_time.update,
+                                             plan.step_time.memory)
+    e = plan.endurance
+    assert e.writes_per_1000_steps == 1000 * t.disk_write
+    assert e.steps_to_exhaust == pytest.approx(600e12 / t.disk_write)
+    assert e.days_to_exhaust == pytest.approx(e.steps_to_exhaust * plan.step_time.lower_bound / 86400)
+
+
+def test_unknown_bandwidth_leaves_the_term_out() -> None:
+    plan = plan_memory(10 * MiB, host_ram=64 * GiB, ram_budget=40 * MiB + 1, shard_numel=1 << 20)
+    assert plan.step_time.disk is None and plan.step_time.memory is None
+    assert plan.step_time.bound_by == "update"
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    numel=st.integers(1, 1 << 24),
+    shard_log=st.integers(10, 22),
+    budget_mib=st.integers(1, 256),
+    precision=st.sampled_from(["fp32", "bf16", "fp16"]),
+    amsgrad=st.booleans(),
+    durable=st.booleans(),
+    gpu=st.booleans(),
+)
+def test_invariants(numel, shard_log, budget_mib, precision, amsgrad, durable, gpu) -> None:
+    try:
+        plan = plan_memory(numel, host_ram=64 * GiB, ram_budget=budget_mib * MiB, shard_numel=1 << shard_log,
+                           precision=precision, amsgrad=amsgrad, durable=durable, gpu=gpu)
+    except BudgetError:
+        return
+    bpp = 8 + 4 * amsgrad + 4 * (precision != "fp32" or gpu)
+    assert plan.state_bytes_per_param == bpp
+    assert plan.state >= numel * bpp and plan.state - numel * bpp < 1024 * bpp  # padding < one page
+    assert plan.host.tierstore_total <= plan.host.budget
+    assert plan.host.resident + plan.traffic.disk_read == plan.state
+    assert plan.disk.total == (2 * plan.state if durable else plan.traffic.disk_read)
+    assert plan.traffic.disk_write == (plan.state if durable else plan.traffic.disk_read)
+    assert (plan.verdict == "fits in host RAM") == (plan.traffic.disk_read == 0)
+    assert plan.torch.total == numel * (16 + 4 * amsgrad)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "budget", "shard_numel", "durable"),
+    [
+        (torch.float32, 256 << 10, 4096, True),
+        (torch.float32, 256 << 10, 4096, False),
+        (torch.bfloat16, 2 << 20, None, True),
+        (torch.float32, None, None, True),
+    ],
+)
+def test_agrees_with_tieredadamw(tmp_path, dtype, budget, shard_numel, durable) -> None:
+    """The planner's numbers are the ones TieredAdamW allocates."""
+    model = torch.nn.Sequential(torch.nn.Linear(400, 600), torch.nn.Linear(600, 33)).to(dtype)
+    model[1].bias.requires_grad_(False)
+    with TieredAdamW(model.parameters(), ram_budget=budget, shard_numel=shard_numel, state_dir=str(tmp_path),
+                     durable=durable) as opt:
+        ours = plan_memory(model, host_ram=64 * GiB, ram_budget=budget or 64 * GiB, shard_numel=shard_numel,
+                           durable=durable)
+        assert ours.shard_numel == opt.layout.shard_numel
+        assert ours.fields == opt.layout.fields
+        assert ours.state == opt.plan.state_nbytes
+        assert ours.host.tierstore_total == opt.ram_bytes
+        assert (ours.host.arena, ours.host.staging) == (opt.plan.arena_nbytes, opt.plan.staging_nbytes)
+        assert ours.host.resident_shards == len(opt.plan.resident)
+        assert ours.traffic.disk_read == opt.plan.disk_nbytes
+        assert ours.disk.total == opt.disk_bytes
+    assert (ours.disk.disk_shards > 0) == (budget is not None)  # the disk tier is exercised
+    assert ours.frozen_params == 33 and ours.trainable_params == 400 * 600 + 600 + 600 * 33
+
+
+def test_layout_builds_on_meta_tensors() -> None:
+    plan = plan_memory([torch.empty(3000, device="meta", requires_grad=True)], host_ram=GiB)
+    assert plan.trainable_params == 3000 and plan.state == 3072 * 8
+
+
+# -- parsing -----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [("7e9", P7), ("7B", P7), ("70B", P70), ("125M", 125_000_000), ("1.5b", 1_500_000_000), ("350k", 350_000),
+     ("7000000000", P7), (7e9, P7), (123, 123)],
+)
+def test_parse_count(text, count) -> None:
+    assert parse_count(text) == count
+
+
+@pytest.mark.parametrize("bad", ["seven", "-7B", "0", "7X", "", "7 billion", True, None, float("inf"), 0.2])
+def test_parse_count_rejects(bad) -> None:
+    with pytest.raises(ConfigError, match="params"):
+        parse_count(bad)
+
+
+# -- the CLI -----------------------------------------------------------------------
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(["plan", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_json(capsys) -> None:
+    rc, out, _ = _run(capsys, "--params", "7B", "--precision", "bf16", "--host-ram", "512GiB",
+                      "--gpu-memory", "80GB", "--json")
+    assert rc == 0
+    data = json.loads(out)
+    assert data["state"] == P7_PADDED * 12 and data["state_bytes_per_param"] == 12
+    assert data["torch"]["total"] == 16 * P7 and data["verdict"] == "fits in host RAM"
+    assert data["gpu"]["weights"] == 2 * P7 and data["traffic"]["pcie_down"] == 2 * P7
+
+
+def test_cli_human_output(capsys, tmp_path) -> None:
+    io = tmp_path / "io.json"
+    io.write_text(json.dumps({"summary": {"best_read_GBps": 6.0, "best_write_GBps": 3.0}}))
+    rc, out, _ = _run(capsys, "--params", "70B", "--precision", "bf16", "--host-ram", "512GiB", "--gpu-memory",
+                      "80GB", "--shard-numel", str(SHARD), "--io-json", str(io), "--pcie-gbps", "25",
+                      "--drive-tbw", "600", "--state-dir", str(tmp_path / "new" / "dir"), "--durable")
+    assert rc == 0
+    for line in ("optimizer state: 12 B/param", "GPU:", "host RAM:", "arena", "resident state", "disk:",
+                 "durability copy", "PCIe", "step time >=", "read/6 GB/s + write/3 GB/s", "rated 600 TBW",
+                 "plain torch.optim.AdamW (GPU)", "(16 B/param)", "TieredAdamW(", "verdict:"):
+        assert line in out, line
+
+
+def test_cli_flags_override_io_json(capsys, tmp_path) -> None:
+    io = tmp_path / "io.json"
+    io.write_text(json.dumps({"summary": {"best_read_GBps": 6.0, "memory_GBps": 50}, "other": 1}))
+    rc, out, _ = _run(capsys, "--params", "1B", "--host-ram", "4GiB", "--ram-budget", "1GiB", "--io-json",
+                      str(io), "--read-gbps", "2", "--write-gbps", "1", "--json")
+    bw = json.loads(out)["bandwidth"]
+    assert rc == 0 and (bw["read_gbps"], bw["write_gbps"], bw["memory_gbps"]) == (2.0, 1.0, 50.0)
+
+
+@pytest.mark.parametrize("spec", [f"{__name__}:tiny_factory", f"{__file__}:tiny_factory"])
+def test_cli_model(capsys, spec) -> None:
+    SEEN_DEVICES.clear()
+    rc, out, _ = _run(capsys, "--model", spec, "--host-ram", "1GiB", "--json")
+    data = json.loads(out)
+    expected = ["meta"] if spec.startswith(__name__) else []  # a file path loads a fresh copy of this module
+    assert rc == 0
+    assert expected == SEEN_DEVICES
+    assert (data["trainable_params"], data["frozen_params"]) == (100 * 200 + 200 * 10 + 10, 200)
+
+
+def test_model_factory_with_device_kwarg() -> None:
+    SEEN_DEVICES.clear()
+    model = load_model(f"{__name__}:tiny_factory_with_device")
+    assert SEEN_DEVICES == ["meta"]
+    plan = plan_memory(model, host_ram=GiB)
+    assert plan.precision == "bf16" and plan.state_bytes_per_param == 12
+
+
+BAD_CLI = [
+    (["--params", "seven"], "is not a parameter count"),
+    (["--params=-7B"], "negative"),
+    (["--params", "7B", "--gpu-memory=-80GB"], "negative"),
+    (["--params", "7B", "--host-ram", "0"], "zero"),
+    (["--params", "7B", "--host-ram", "lots"], "is not a size"),
+    (["--params", "7B", "--ram-budget", "1TiB", "--host-ram", "512GiB"], "exceeds host_ram"),
+    (["--params", "7B", "--io-json", "/nonexistent/io.json"], "does not exist"),
+    (["--params", "7B", "--read-gbps", "0"], "> 0"),
+    (["--params", "7B", "--drive-tbw", "many"], "not a number"),
+    (["--params", "7B", "--shard-numel", "0"], "shard_numel"),
+    (["--params", "7B", "--prefetch-depth", "0"], "prefetch_depth"),
+    (["--params", "1B", "--host-ram", "1GiB", "--ram-budget", "1MiB", "--shard-numel", "4194304"], "arena"),
+    (["--params", "70B", "--host-ram", "64GiB"], "cannot hold the model"),
+    (["--params", "7B", "--shard-numel", "1024"], "shards"),
+    (["--model", "no_colon_here"], "module:factory"),
+    (["--model", "tierstore_no_such_module:f"], "cannot import"),
+    (["--model", f"{__name__}:missing"], "no attribute"),
+    (["--model", f"{__name__}:not_a_module"], "not a torch.nn.Module"),
+    (["--model", f"{__name__}:broken_factory"], "boom"),
+    (["--model", "/nonexistent/models.py:f"], "no file"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_CLI)
+def test_cli_bad_inputs(capsys, argv, message) -> None:
+    rc, out, err = _run(capsys, "--host-ram", "512GiB", *argv) if "--host-ram" not in argv else _run(capsys, *argv)
+    assert rc == 1 and out == ""
+    assert err.startswith("tierstore: error:") and message in err, err
+
+
+def test_cli_bad_io_json(capsys, tmp_path) -> None:
+    io = tmp_path / "io.json"
+    io.write_text("not json")
+    rc, _, err = _run(capsys, "--params", "7B", "--host-ram", "512GiB", "--io-json", str(io))
+    assert rc == 1 and "is not JSON" in err
+
+
+def test_cli_needs_params_or_model(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--host-ram", "1GiB"])
+    assert exc.value.code == 2
