@@ -104,5 +104,6 @@ def plan_tiers(
         resident.append(index)
         left -= size
     resident_bytes = sum(sizes[i] for i in resident)
-    disk = tuple(i for i in everything if i not in set(resident))
+    kept = set(resident)
+    disk = tuple(i for i in everything if i not in kept)
     return TierPlan(tuple(resident), disk, arena_slots, layout.slot_nbytes, staging, resident_bytes, state, ram_budget)

@@ -40,6 +40,7 @@ from .errors import (
     StateDirError,
     StateDirInUseError,
 )
+from .faults import crash_point
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,7 @@ class StateDir:
             fsync_dir(path.parent)
         except OSError as exc:
             raise _dir_error(exc, path) from exc
+        crash_point("inflight-marker")
 
     def end_writes(self) -> None:
         """Remove the in-flight marker after a commit (no sync: a leftover marker is harmless)."""
@@ -252,7 +254,9 @@ def atomic_write(path: Path, payload: bytes) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+        crash_point("manifest-tmp")
         os.replace(tmp, path)
+        crash_point("manifest-renamed")
         fsync_dir(path.parent)
     except OSError as exc:
         with contextlib.suppress(OSError):

@@ -46,6 +46,7 @@ import torch
 from .backends import ShardFile, open_backend, resolve_backend
 from .budget import TierPlan
 from .errors import ClosedError, ConfigError, CorruptStateError
+from .faults import crash_point
 from .hostmem import HostBuffer
 from .integrity import CHECKSUM_BLOCK, BlockDigests
 from .layout import STATE_ITEMSIZE, Layout, ShardSpec, round_up
@@ -325,6 +326,7 @@ class ShardStore:
         transfer = self.io.read(self.files[copy], view, entry.offset, on_chunk=digests.update)
 
         def verify() -> None:
+            crash_point("after-read")
             got = digests.value()
             if expected is not None and got != expected:
                 raise CorruptStateError(
@@ -373,6 +375,7 @@ class ShardStore:
         copies; the caller then writes the manifest naming them.
         """
         self._require_open()
+        crash_point("before-sync")
         for copy in sorted(self._dirty_copies):
             self.files[copy].sync()
         self._dirty_copies.clear()

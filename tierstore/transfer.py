@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from .backends.base import ShardFile
 from .errors import ClosedError, ConfigError
+from .faults import crash_point
 
 ChunkHook = Callable[[int, memoryview], None]
 
@@ -161,6 +162,7 @@ class IOQueue:
             hook(rel, view)
         t0 = time.perf_counter()
         file.write_from(view, offset)
+        crash_point("mid-write")
         dt = time.perf_counter() - t0
         with self._lock:
             self.stats.bytes_written += len(view)
