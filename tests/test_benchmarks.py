@@ -1,0 +1,300 @@
+"""Smoke and unit tests of the benchmark tools (``tierstore bench io`` / ``bench step``).
+
+The benchmarks are measured by hand on a quiet machine (``bench/README.md``);
+here they run on a few MiB to check that they produce complete JSON and a
+PNG, clean up after themselves, reject bad options with a clear error, and
+that the pieces they are built from move the right bytes (the peer swapper
+even computes the same AdamW as torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tierstore.benchmarks import floor, io, peer, rawio, rss, step, workload
+from tierstore.cli import main
+from tierstore.hostmem import HostBuffer
+
+MiB = 1 << 20
+
+
+def _files(path):
+    return sorted(p.name for p in path.iterdir())
+
+
+# -- end to end -----------------------------------------------------------------
+def test_bench_io_quick_writes_json_and_png_and_cleans_up(tmp_path, capsys):
+    drive = tmp_path / "drive"
+    drive.mkdir()
+    out = tmp_path / "io.json"
+    png = tmp_path / "io.png"
+    rc = main(["bench", "io", "--dir", str(drive), "--quick", "--size", "8MiB", "--requests", "1MiB",
+               "--workers", "1,2", "--json", str(out), "--plot", str(png)])
+    assert rc == 0
+    assert _files(drive) == []  # test files removed
+    doc = json.loads(out.read_text())
+    summary = doc["summary"]
+    for key in ("best_read_GBps", "best_write_GBps", "dd_read_GBps", "dd_write_GBps", "memory_GBps", "best"):
+        assert key in summary
+    assert summary["best_read_GBps"] > 0 and summary["best_write_GBps"] > 0 and summary["memory_GBps"] > 0
+    assert {"direct", "buffered", "mmap"} <= set(summary["best"])
+    assert summary["best"]["direct"]["read"]["workers"] in (1, 2)
+    assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+    assert "best drive read" in capsys.readouterr().out
+
+
+def test_bench_step_small_writes_json_and_png_and_cleans_up(tmp_path, capsys):
+    drive = tmp_path / "drive"
+    drive.mkdir()
+    out = tmp_path / "step.json"
+    png = tmp_path / "step.png"
+    rc = main(["bench", "step", "--params", "1e6", "--ram-budget", "1/8", "--dir", str(drive), "--steps", "1",
+               "--warmup", "0", "--shard-numel", "16384", "--floor-settings", "256KiB:2", "--skip", "footprint",
+               "--json", str(out), "--plot", str(png)])
+    assert rc == 0
+    assert _files(drive) == []
+    doc = json.loads(out.read_text())
+    s = doc["summary"]
+    names = set(s["step_seconds"])
+    assert {"tierstore-ram", "torch-fused", "tierstore-disk", "peer-pipelined-swap"} <= names
+    assert {"floor-serial 256.00 KiBx2", "floor-stream 256.00 KiBx2"} <= names
+    assert s["floor_seconds"] > 0 and s["ram_vs_torch"] > 0 and s["disk_bytes"] > 0
+    disk = s["disk"]["tierstore-disk"]
+    assert set(disk["split_s"]) == {"read_wait", "update", "write_wait", "other"}
+    assert disk["overlap_efficiency"] > 0 and disk["peer_over_ours"] > 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert "I/O floor" in capsys.readouterr().out
+
+
+def test_footprint_reports_peak_rss_and_page_cache(tmp_path, capsys):
+    # In-process through the child's entry point: a real child pays a fresh torch import (seconds).
+    from tierstore.benchmarks import footprint
+
+    cfg = {"params": 200_000, "ram_budget": 400_000, "dir": str(tmp_path / "state"), "steps": 1,
+           "backend": "buffered", "shard_numel": 4096}
+    assert footprint.main(["footprint", json.dumps(cfg)]) == 0
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert got["peak_over_baseline_bytes"] >= 0 and got["state_bytes"] > got["ram_budget"]
+    assert got["backend"] == "buffered" and len(got["step_seconds"]) == 1
+    assert got["state_file_cached_bytes"] is None or got["state_file_cached_bytes"] >= 0
+    assert footprint.main(["footprint"]) == 2
+
+
+# -- bad options ------------------------------------------------------------------
+def step_args(argv):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    step.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def io_args(argv):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    io.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--size", "1MiB"], "below 4 MiB"),
+        (["--size", "lots"], "not a size"),
+        (["--requests", "3000"], "multiples of 4 KiB"),
+        (["--workers", "0,2"], ">= 1"),
+        (["--workers", "two"], "whole numbers"),
+        (["--backends", "direct,floppy"], "unknown"),
+        (["--rounds", "0"], ">= 1"),
+    ],
+)
+def test_bench_io_rejects_bad_options(tmp_path, extra, message):
+    with pytest.raises(ValueError, match=message):
+        io.IOConfig.from_args(io_args(["--dir", str(tmp_path), *extra]))
+
+
+def test_bench_io_rejects_missing_dir(tmp_path, capsys):
+    assert main(["bench", "io", "--dir", str(tmp_path / "nope"), "--quick"]) == 1
+    assert "is not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--params", "many"], "not a number"),
+        (["--params", "100"], "too small"),
+        (["--ram-budget", "2/1"], "share"),
+        (["--ram-budget", "1/0"], "share"),
+        (["--ram-budget", "12 parsecs"], "unknown unit"),
+        (["--skip", "torch,lunch"], "unknown"),
+        (["--floor-settings", "8MiB"], "request:depth"),
+        (["--floor-settings", "3000:2"], "multiples of 4 KiB"),
+        (["--backend", "tape"], "unknown"),
+        (["--steps", "0"], "too small"),
+    ],
+)
+def test_bench_step_rejects_bad_options(tmp_path, extra, message):
+    argv = ["--params", "1e6", "--dir", str(tmp_path), *extra]
+    if "--params" in extra:
+        argv = argv[2:]
+    with pytest.raises(ValueError, match=message):
+        step._config(step_args(argv))
+
+
+# -- the pieces ---------------------------------------------------------------------
+@settings(max_examples=15)
+@given(
+    pages=st.integers(1, 40),
+    request_pages=st.integers(1, 8),
+    depth=st.integers(1, 5),
+)
+def test_parallel_and_sequential_move_exactly_the_bytes(tmp_path_factory, pages, request_pages, depth):
+    path = tmp_path_factory.mktemp("raw") / "f.bin"
+    nbytes, request = pages * 4096, request_pages * 4096
+    fd = rawio.open_file(path, direct=False, create=True)
+    src, dst = HostBuffer(nbytes, pin=False), HostBuffer(nbytes, pin=False)
+    ring = HostBuffer(min(nbytes, depth * request), pin=False)
+    try:
+        src.tensor.copy_(torch.randint(0, 255, (nbytes,), dtype=torch.uint8))
+        rawio.parallel(fd, "write", nbytes, buffer=src, request_bytes=request, depth=depth, spread=True)
+        assert os.fstat(fd).st_size == nbytes
+        rawio.parallel(fd, "read", nbytes, buffer=dst, request_bytes=request, depth=depth, spread=True)
+        assert torch.equal(dst.tensor, src.tensor)
+        rawio.parallel(fd, "read", nbytes, buffer=ring, request_bytes=request, depth=depth)  # ring of slices
+        # dd-like: one request-sized buffer written over and over.
+        rawio.sequential(fd, "write", nbytes, buffer=src, request_bytes=request)
+        back = torch.frombuffer(bytearray(os.pread(fd, nbytes, 0)), dtype=torch.uint8)
+        for start in range(0, nbytes, request):
+            n = min(request, nbytes - start)
+            assert torch.equal(back[start : start + n], src.tensor[:n])
+    finally:
+        os.close(fd)
+        for b in (src, dst, ring):
+            b.close()
+
+
+def test_parallel_reports_a_short_file(tmp_path):
+    fd = rawio.open_file(tmp_path / "short.bin", direct=False, create=True)
+    os.pwrite(fd, b"x" * 4096, 0)
+    buf = HostBuffer(2 * 8192, pin=False)
+    try:
+        with pytest.raises(OSError, match="shorter than expected"):
+            rawio.parallel(fd, "read", 4 * 8192, buffer=buf, request_bytes=8192, depth=2)
+    finally:
+        os.close(fd)
+        buf.close()
+
+
+@pytest.mark.skipif(not rawio.dd_available(), reason="no dd binary")
+def test_run_dd_times_reads_and_overwrites(tmp_path):
+    path = tmp_path / "dd.bin"
+    path.write_bytes(b"\0" * (2 * MiB))
+    for op in rawio.OPS:
+        try:
+            seconds = rawio.run_dd(path, op, 2 * MiB)
+        except OSError:
+            pytest.skip("dd with O_DIRECT is not supported on this filesystem")
+        assert seconds is not None and seconds >= 0
+    assert path.stat().st_size == 2 * MiB
+
+
+def test_rss_probes():
+    assert rss.rss_now() is None or rss.peak_rss() >= rss.rss_now() > 0
+    assert rss.meminfo("Cached") is None or rss.meminfo("Cached") >= 0
+
+
+def test_cached_bytes_of_a_written_file(tmp_path):
+    path = tmp_path / "c.bin"
+    path.write_bytes(b"y" * 65536)
+    got = rss.cached_bytes(path)
+    assert got is None or 0 <= got <= 65536
+    rawio.drop_cache(path)
+    assert rss.state_cached_bytes(tmp_path) is None or rss.state_cached_bytes(tmp_path) == 0  # no shards*.bin
+
+
+def test_peer_swapper_matches_torch_adamw(tmp_path):
+    """The re-created peer must compute the same AdamW, or its timing means nothing."""
+    ours = workload.build(200_000, seed=3)
+    ref = [p.detach().clone().requires_grad_() for p in ours]
+    for p, q in zip(ours, ref):
+        q.grad = p.grad.clone()
+    swapper = peer.PipelinedSwapper(ours, directory=tmp_path / "peer", shard_numel=16384, resident=(0, 2),
+                                    block_bytes=32768, queue_depth=3, direct=False).open()
+    torch_opt = torch.optim.AdamW(ref, lr=1e-3, weight_decay=1e-2, fused=True)
+    try:
+        for _ in range(3):
+            stats = swapper.step()
+            torch_opt.step()
+        assert stats["swapped"] == len(swapper.layout.shards) - 2
+        for p, q in zip(ours, ref):
+            assert torch.equal(p.detach(), q.detach())
+    finally:
+        swapper.close()
+    assert _files(tmp_path / "peer") == []
+
+
+@pytest.mark.parametrize("mode", floor.MODES)
+def test_floor_moves_its_bytes_and_removes_its_file(tmp_path, mode):
+    f = floor.RawFloor(tmp_path / "f.bin", 1 * MiB, request_bytes=64 << 10, depth=3, mode=mode, direct=False).open()
+    got = f.step()
+    assert got["seconds"] > 0
+    if mode == "serial":
+        assert got["read_s"] > 0 and got["write_s"] > 0
+    f.close()
+    f.close()
+    assert _files(tmp_path) == []
+
+
+def test_floor_rejects_bad_settings(tmp_path):
+    with pytest.raises(ValueError, match="mode"):
+        floor.RawFloor(tmp_path / "f.bin", MiB, request_bytes=4096, depth=1, mode="fast")
+    with pytest.raises(ValueError, match="multiples of 4 KiB"):
+        floor.RawFloor(tmp_path / "f.bin", 1000, request_bytes=4096, depth=1, mode="serial")
+
+
+def test_step_summary_arithmetic():
+    results = {
+        "tierstore-ram": [{"seconds": 1.0}],
+        "torch-fused": [{"seconds": 0.98}],
+        "tierstore-disk": [{"seconds": 2.2, "read_wait": 0.1, "update": 0.5, "write_wait": 0.2}],
+        "peer-pipelined-swap": [{"seconds": 3.3, "read_wait": 1.0, "update": 0.5, "write_wait": 1.5}],
+        "floor-serial 8.00 MiBx4": [{"seconds": 2.5, "read_s": 1.0, "write_s": 1.5}],
+        "floor-stream 8.00 MiBx4": [{"seconds": 2.0, "read_s": float("nan"), "write_s": float("nan")}],
+    }
+    s = step.summarize(results, numel=1000, disk_bytes=10**9)["summary"]
+    assert s["ram_vs_torch"] == pytest.approx(0.98)
+    assert s["raw_read_GBps"] == pytest.approx(1.0) and s["raw_write_GBps"] == pytest.approx(1 / 1.5)
+    assert s["floor_seconds"] == pytest.approx(2.0)  # the fastest of measured and bandwidth floors
+    assert s["over_floor"] == pytest.approx(1.1)
+    assert s["peer_over_ours"] == pytest.approx(1.5)
+    assert s["update_hidden_fraction"] == pytest.approx((2.0 + 0.5 - 2.2) / 0.5)
+    assert s["disk"]["tierstore-disk"]["split_s"]["other"] == pytest.approx(1.4)
+
+
+def test_io_summary_picks_best_settings():
+    trials = [
+        io.Trial("raw", "read", MiB, 1, 10**9, 1.0, 0, 0.0),
+        io.Trial("raw", "read", MiB, 4, 10**9, 0.5, 0, 0.0),
+        io.Trial("direct", "read", MiB, 4, 10**9, 0.6, 0, 0.0),
+        io.Trial("raw", "write", MiB, 4, 10**9, 2.0, 0, 0.0),
+        io.Trial("direct", "write", MiB, 2, 10**9, 1.0, 0, 0.0),
+        io.Trial("dd", "read", MiB, 1, 10**9, 2.0, 0, 0.0),
+    ]
+    s = io.summarize(trials, memory_GBps=10.0, direct=True)["summary"]
+    assert s["best_read_GBps"] == pytest.approx(2.0)
+    assert s["best_write_GBps"] == pytest.approx(1.0)
+    assert s["best"]["raw"]["read"]["workers"] == 4
+    assert s["dd_read_GBps"] == pytest.approx(0.5) and s["dd_write_GBps"] is None
+    assert s["direct_vs_raw"]["read"] == pytest.approx(0.5 / 0.6)
+
+
+def test_workload_sizes_add_up():
+    for n in (1, 5000, 8 << 20, (8 << 20) + 1, 3 * (8 << 20) + 12345):
+        assert sum(workload.param_sizes(n)) == n
