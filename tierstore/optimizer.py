@@ -969,7 +969,7 @@ class TieredAdamW(torch.optim.Optimizer):
         statedir.write_manifest(self._manifest(clean=True))
 
     def _release(self) -> None:
-        if self._cuda and any(e is not None for e in getattr(self, "_cuda_events", [])):
+        if getattr(self, "_cuda", False) and any(e is not None for e in getattr(self, "_cuda_events", [])):
             for e in self._cuda_events:
                 if e is not None:
                     e.synchronize()

@@ -162,6 +162,7 @@ class ShardStore:
         self._arena: HostBuffer | None = None
         self._staging: HostBuffer | None = None
         self._dirty_copies: set[int] = set()
+        self._created: list[Path] = []
         self.is_open = False
 
     # -- lifecycle ----------------------------------------------------
@@ -217,6 +218,8 @@ class ShardStore:
                 self._load_resident()
         except BaseException:
             self.close()
+            for path in self._created:  # a failed start leaves no half-made files behind
+                path.unlink(missing_ok=True)
             raise
         return self
 
@@ -228,6 +231,8 @@ class ShardStore:
         for c in range(max(self.copies, max(used_copies, default=0) + 1)):
             path = self.directory / STATE_FILES[c]
             must_exist = resume and c in used_copies
+            if not path.exists():
+                self._created.append(path)
             self.files.append(open_backend(self.backend_name, path, self.file_nbytes, create=not must_exist))
         for entry in self.entries:
             if self.persisted(entry.index):
