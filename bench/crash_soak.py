@@ -77,8 +77,10 @@ def main() -> int:
     records = []
     t0 = time.time()
     # Calibrate: random kill instants are drawn over one uninterrupted run's duration.
-    with tempfile.TemporaryDirectory() as calib:
-        full = run_child(CrashJob(state_dir=calib + "/state", steps=args.steps))
+    # The first child also starts the fork server; time the second.
+    for _ in range(2):
+        with tempfile.TemporaryDirectory() as calib:
+            full = run_child(CrashJob(state_dir=calib + "/state", steps=args.steps))
     run_seconds = full.seconds
     for _ in tqdm(range(args.kills), desc="kill/resume rounds"):
         workdir = Path(tempfile.mkdtemp(prefix="tierstore-soak-"))
