@@ -164,7 +164,7 @@ def ram_budget(case: Case, probe: TieredAdamW) -> int | None:
 def storage(case: Case) -> str:
     """The case's storage, steered around a known bug.
 
-    BUG (test_errors.py::test_nondurable_state_dir_all_resident_closes): with
+    BUG (test_optimizer_interop.py::test_nondurable_state_dir_all_resident_closes): with
     ``durable=False``, a state_dir and every shard resident, ``close()`` fails.
     Non-durable storage is therefore only drawn with the arena-only budget,
     which always streams.
