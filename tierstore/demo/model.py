@@ -32,7 +32,7 @@ VOCAB = 256  # byte-level tokens
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape of :class:`TinyGPT`; the defaults give about 0.85 M parameters."""
+    """Shape of :class:`TinyGPT`; the defaults give about 0.83 M parameters."""
 
     d_model: int = 128
     n_layer: int = 4

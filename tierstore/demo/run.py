@@ -1,6 +1,6 @@
 """``tierstore demo``: train a small language model with most of its optimizer state on disk.
 
-The demo builds :class:`~tierstore.demo.model.TinyGPT` (about 0.85 M
+The demo builds :class:`~tierstore.demo.model.TinyGPT` (about 0.83 M
 parameters, 6.4 MiB of AdamW state) and trains it on the shipped text with
 :class:`~tierstore.TieredAdamW` under a ``ram_budget`` of one eighth of the
 state, so most shards live in a file and stream through the arena each step.
