@@ -1,0 +1,940 @@
+"""Streaming checkpoints in zarr v3, and conversions to and from ``torch.optim.AdamW`` state dicts.
+
+A checkpoint is a zarr v3 group holding one 1-D float32 array per state field
+(``exp_avg``, ``exp_avg_sq``, and ``max_exp_avg_sq`` / ``master_param`` when
+present) over the layout's flat index space, chunked so that every shard is
+exactly one chunk. The group's attributes name the format, the layout, the
+step counts, the param groups and a parameter index, so plain ``zarr`` reads
+any parameter's state without tierstore::
+
+    g = zarr.open_group(path, mode="r")
+    p = g.attrs["params"][3]
+    exp_avg = g["exp_avg"][p["start"] : p["start"] + p["numel"]].reshape(p["shape"])
+
+Saving streams shard by shard through the optimizer's arena (one chunk of
+each field in flight), loading streams back with the optimizer's
+``_replace_shards``; neither needs more RAM than ``ram_budget`` plus about one
+chunk per field. The full layout is in ``docs/checkpoints.md``.
+
+A checkpoint is written into a hidden sibling directory, synced, and renamed
+into place, so ``path`` holds a complete checkpoint or none.
+
+Example
+-------
+>>> import tempfile, torch
+>>> from tierstore import TieredAdamW
+>>> d = tempfile.mkdtemp()
+>>> w = torch.nn.Parameter(torch.ones(10))
+>>> with TieredAdamW([w], lr=0.1) as opt:
+...     w.grad = torch.ones(10); _ = opt.step()
+...     opt.save_checkpoint(f"{d}/ckpt.zarr")
+>>> sd = checkpoint_to_state_dict(f"{d}/ckpt.zarr")
+>>> sd["state"][0]["exp_avg"][:2].tolist(), float(sd["state"][0]["step"])
+([0.10000000149011612, 0.10000000149011612], 1.0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import tempfile
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import zarr
+from zarr.codecs import Crc32cCodec
+from zarr.core.buffer import default_buffer_prototype
+
+from . import manifest as manifest_mod
+from .errors import (
+    ConfigError,
+    CorruptStateError,
+    DiskFullError,
+    FormatVersionError,
+    LayoutMismatchError,
+    TierstoreError,
+)
+from .integrity import shard_checksum
+from .layout import Layout, ShardSpec
+from .statedir import fsync_dir
+
+if TYPE_CHECKING:
+    from .optimizer import TieredAdamW
+
+log = logging.getLogger(__name__)
+
+FORMAT_NAME = "tierstore-checkpoint"
+FORMAT_VERSION = 1
+DEFAULT_SHARD_NUMEL = 1 << 22  # 4 Mi elements, as TieredAdamW's default
+ARRAY_OF_FIELD = {
+    "exp_avg": "exp_avg",
+    "exp_avg_sq": "exp_avg_sq",
+    "max_exp_avg_sq": "max_exp_avg_sq",
+    "master": "master_param",  # the state-dict key, so every interface uses one name
+}
+FIELD_OF_ARRAY = {name: field for field, name in ARRAY_OF_FIELD.items()}
+CHECKSUMS = ("xxh3", "crc32c", None)
+SYNC_WINDOW = 2  # shards whose chunk files may still be syncing while the next is written
+
+
+class CheckpointExistsError(TierstoreError, FileExistsError):
+    """The checkpoint path exists and ``overwrite`` was not asked for."""
+
+
+@dataclass(frozen=True)
+class _Header:
+    """What a checkpoint records besides the arrays."""
+
+    layout: Layout
+    step_count: int
+    param_groups: list[dict[str, Any]]  # encoded (manifest.encode_groups), without "params"
+    param_steps: list[float | None]
+    source: str  # "optimizer", "state_dir" or "torch"
+    known_shapes: list[bool] | None = None  # torch-made checkpoints: shapes of stateless params are unknown
+    has_master: list[bool] | None = None  # torch-made checkpoints: which params came with a master
+
+    def attributes(self, checksum: str | None) -> dict[str, Any]:
+        from . import __version__
+
+        layout = self.layout
+        index = []
+        for p in layout.params:
+            entry = {
+                "index": p.index,
+                "group": p.group,
+                "shape": list(p.shape) if self.known_shapes is None or self.known_shapes[p.index] else None,
+                "dtype": p.dtype,
+                "start": p.start,
+                "numel": p.numel,
+                "trainable": p.trainable,
+            }
+            if "master" in layout.fields:
+                entry["has_master"] = p.trainable and (self.has_master is None or self.has_master[p.index])
+            index.append(entry)
+        return {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "tierstore_version": __version__,
+            "source": self.source,
+            "fingerprint": layout.fingerprint,
+            "layout": layout.to_dict(),
+            "total_numel": layout.total_numel,
+            "shard_numel": layout.shard_numel,
+            "arrays": [ARRAY_OF_FIELD[f] for f in layout.fields],
+            "checksum": checksum,
+            "step_count": int(self.step_count),
+            "param_groups": self.param_groups,
+            "param_steps": [None if s is None else float(s) for s in self.param_steps],
+            "params": index,
+        }
+
+
+# -- writing ---------------------------------------------------------------
+
+
+class _Writer:
+    """Writes one chunk per shard into a hidden sibling of ``path``; renames it into place on success."""
+
+    def __init__(self, path: str | os.PathLike, header: _Header, *, overwrite: bool, checksum: str | None) -> None:
+        if checksum not in CHECKSUMS:
+            raise ConfigError(f"checksum={checksum!r} is unknown; choose 'xxh3' (default), 'crc32c' or None")
+        self.path = Path(path).expanduser()
+        self.overwrite = bool(overwrite)
+        self.checksum = checksum
+        self.layout = header.layout
+        self._check_target()
+        parent = self.path.parent
+        parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{self.path.name}.partial-"))
+        try:
+            group = zarr.open_group(str(self.tmp), mode="w", zarr_format=3)
+            group.attrs.put(header.attributes(checksum))
+            total = self.layout.total_numel
+            chunk = self.layout.shard_numel
+            self.arrays = {
+                field: group.create_array(
+                    ARRAY_OF_FIELD[field],
+                    shape=(total,),
+                    chunks=(chunk,),
+                    dtype="float32",
+                    fill_value=0.0,
+                    compressors=[Crc32cCodec()] if checksum == "crc32c" else None,
+                    # Every chunk is stored, zeros too: a missing chunk file is then corruption.
+                    config={"write_empty_chunks": True},
+                    attributes={"field": field},
+                )
+                for field in self.layout.fields
+            }
+        except BaseException:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+        self.digests: dict[str, list[str | None]] = {f: [None] * len(self.layout.shards) for f in self.layout.fields}
+        self._sync_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierstore-checkpoint-sync")
+        self._syncs: deque[Future] = deque()
+
+    def _check_target(self) -> None:
+        if not self.path.exists() and not self.path.is_symlink():
+            return
+        if not self.overwrite:
+            raise CheckpointExistsError(
+                f"checkpoint path {str(self.path)!r} already exists; pass overwrite=True to replace it, "
+                "or choose another path"
+            )
+        if not _is_checkpoint(self.path):
+            # Never delete a directory that is not ours (a typo could name $HOME).
+            raise CheckpointExistsError(
+                f"{str(self.path)!r} exists and is not a tierstore checkpoint, so overwrite=True will not "
+                "delete it; remove it yourself or choose another path"
+            )
+
+    def write(self, shard: ShardSpec, field: str, data: torch.Tensor) -> None:
+        """Store ``data`` (``shard.capacity`` fp32 elements) as the shard's chunk of ``field``.
+
+        Raises
+        ------
+        DiskFullError
+            If the drive is full (nothing is left at ``path``).
+        """
+        values = data.numpy()
+        array = self.arrays[field]
+        try:
+            array[shard.start : shard.start + shard.capacity] = values
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFullError(
+                    f"disk full while writing checkpoint {str(self.path)!r}; free space on that drive or "
+                    "write the checkpoint elsewhere (nothing was left at that path)"
+                ) from exc
+            raise
+        if self.checksum == "xxh3":
+            self.digests[field][shard.index] = shard_checksum(memoryview(values).cast("B"))
+        chunk_file = self.tmp / ARRAY_OF_FIELD[field] / array.metadata.encode_chunk_key((shard.index,))
+        self._syncs.append(self._sync_pool.submit(_fsync_file, chunk_file))
+        # Sync behind the writes, at most two shards behind: the drive works while the
+        # next shards are written, and dirty page cache stays bounded for huge states.
+        while len(self._syncs) > SYNC_WINDOW * len(self.arrays):
+            self._syncs.popleft().result()
+
+    def finish(self) -> None:
+        """Record the checksums, make every file durable, and rename the checkpoint into place."""
+        if self.checksum == "xxh3":
+            for field, digests in self.digests.items():
+                missing = [i for i, d in enumerate(digests) if d is None]
+                if missing:  # a bug in the caller, not a user error
+                    raise RuntimeError(f"checkpoint field {field} is missing shards {missing[:5]}; this is a bug")
+                self.arrays[field].attrs.update({"chunk_checksum": "xxh3_64", "chunk_checksums": digests})
+        self._drain()
+        for dirpath, _dirnames, filenames in os.walk(self.tmp):
+            for name in filenames:
+                if name == "zarr.json":
+                    _fsync_file(Path(dirpath) / name)
+            fsync_dir(Path(dirpath))
+        old = None
+        if self.path.exists():
+            old = Path(tempfile.mkdtemp(dir=self.path.parent, prefix=f".{self.path.name}.old-"))
+            os.rename(self.path, old / "ckpt")
+        os.rename(self.tmp, self.path)
+        fsync_dir(self.path.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _drain(self) -> None:
+        try:
+            while self._syncs:
+                self._syncs.popleft().result()
+        finally:
+            self._sync_pool.shutdown(wait=True)
+
+    def abort(self) -> None:
+        with contextlib.suppress(Exception):  # already failing: the first error is what matters
+            self._drain()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self) -> _Writer:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None:
+            self.abort()
+            return
+        try:
+            self.finish()
+        except BaseException:
+            self.abort()
+            raise
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _is_checkpoint(path: Path) -> bool:
+    try:
+        group = zarr.open_group(str(path), mode="r")
+        return group.attrs.get("format") == FORMAT_NAME
+    except Exception:  # anything unreadable is "not a checkpoint" here
+        return False
+
+
+def _fields_of(shard: ShardSpec, layout: Layout, flat: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    for k, field in enumerate(layout.fields):
+        yield field, flat[k * shard.capacity : (k + 1) * shard.capacity]
+
+
+def _param_steps(opt: TieredAdamW) -> list[float | None]:
+    steps = []
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state.get(p)
+            steps.append(float(st["step"]) if st and "step" in st else None)
+    return steps
+
+
+def save_checkpoint(opt: TieredAdamW, path: str | os.PathLike, *, overwrite: bool = False, checksum: str | None = "xxh3") -> None:
+    """Stream an optimizer's state into a zarr v3 checkpoint at ``path``, one chunk per shard.
+
+    Shards are visited read-only, disk shards through the optimizer's arena,
+    so the RAM used beyond ``ram_budget`` is about one chunk of one field.
+    The checkpoint appears at ``path`` only once it is complete and synced.
+
+    Parameters
+    ----------
+    opt
+        An open :class:`~tierstore.TieredAdamW`.
+    path
+        Directory of the zarr group to create (local filesystem).
+    overwrite
+        Replace an existing checkpoint at ``path`` (only a tierstore
+        checkpoint is ever replaced; the old one is removed after the new
+        one is in place).
+    checksum
+        ``"xxh3"`` (default): a 64-bit xxHash of every chunk in the array's
+        attributes, verified by :func:`load_checkpoint`; ``"crc32c"``: zarr's
+        crc32c codec, verified by any zarr reader but about 7 ms slower per
+        16 MiB chunk; ``None``: no checksum.
+
+    Raises
+    ------
+    CheckpointExistsError
+        If ``path`` exists and ``overwrite`` is false, or it is not a checkpoint.
+    ConfigError
+        For an unknown ``checksum``.
+    ClosedError, StepFailedError
+        If the optimizer is closed or failed.
+
+    Example
+    -------
+    >>> import tempfile, torch, zarr
+    >>> from tierstore import TieredAdamW
+    >>> w = torch.nn.Parameter(torch.zeros(3)); w.grad = torch.ones(3)
+    >>> path = tempfile.mkdtemp() + "/ckpt.zarr"
+    >>> with TieredAdamW([w], lr=0.1) as opt:
+    ...     _ = opt.step(); save_checkpoint(opt, path)
+    >>> [round(float(x), 6) for x in zarr.open_group(path, mode="r")["exp_avg_sq"][:3]]
+    [0.001, 0.001, 0.001]
+    """
+    layout = opt.layout
+    header = _Header(
+        layout=layout,
+        step_count=opt.step_count,
+        param_groups=manifest_mod.encode_groups(opt.param_groups),
+        param_steps=_param_steps(opt),
+        source="optimizer",
+    )
+    with _Writer(path, header, overwrite=overwrite, checksum=checksum) as writer:
+
+        def visit(shard: ShardSpec, flat: torch.Tensor) -> None:
+            for field, values in _fields_of(shard, layout, flat):
+                writer.write(shard, field, values)
+
+        opt._read_shards(visit)
+    log.info("saved checkpoint of step %d to %s", opt.step_count, path)
+
+
+def export_statedir(
+    state_dir: str | os.PathLike,
+    path: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    checksum: str | None = "xxh3",
+    progress: Callable[[int], object] | None = None,
+) -> None:
+    """Stream a state directory's last commit into a zarr v3 checkpoint (no optimizer, no model).
+
+    Every shard is read once and verified against its checksum before it is
+    written; about one shard of RAM is used.
+
+    Parameters
+    ----------
+    state_dir
+        A tierstore state directory (it may be in use: its committed copies
+        stay intact for one more step; a checksum error means it moved on twice, rerun).
+    path, overwrite, checksum
+        As :func:`save_checkpoint`.
+    progress
+        Called with the bytes of each shard done (for a progress bar).
+
+    Raises
+    ------
+    CorruptStateError
+        If the manifest or any shard is corrupt, or the state was left dirty.
+    FormatVersionError
+        If the state directory was written by a newer tierstore.
+    CheckpointExistsError
+        As :func:`save_checkpoint`.
+
+    Example
+    -------
+    >>> import tempfile, torch
+    >>> from tierstore import TieredAdamW
+    >>> d = tempfile.mkdtemp(); w = torch.nn.Parameter(torch.zeros(3)); w.grad = torch.ones(3)
+    >>> with TieredAdamW([w], state_dir=d + "/state") as opt:
+    ...     _ = opt.step()
+    >>> export_statedir(d + "/state", d + "/ckpt.zarr")
+    >>> float(checkpoint_to_state_dict(d + "/ckpt.zarr")["state"][0]["step"])
+    1.0
+    """
+    from .reader import StateReader
+
+    with StateReader(state_dir) as reader:
+        _require_clean(reader)
+        header = _Header(
+            layout=reader.layout,
+            step_count=reader.step_count,
+            param_groups=list(reader.manifest["param_groups"]),
+            param_steps=reader.param_steps,
+            source="state_dir",
+        )
+        with _Writer(path, header, overwrite=overwrite, checksum=checksum) as writer:
+            for shard, flat in reader.iter_shards():
+                for field, values in _fields_of(shard, reader.layout, flat):
+                    writer.write(shard, field, values)
+                if progress is not None:
+                    progress(reader.layout.shard_nbytes(shard))
+
+
+def _require_clean(reader: Any) -> None:
+    if not reader.clean:
+        raise CorruptStateError(
+            f"{reader.path} was written with durable=False by a run that did not close() cleanly, so "
+            "its files mix several steps; there is no consistent state to read"
+        )
+
+
+# -- reading ---------------------------------------------------------------
+
+
+class _Checkpoint:
+    """An opened checkpoint: attributes checked, arrays opened, chunks read and verified."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path).expanduser()
+        if not (self.path / "zarr.json").is_file():
+            raise CorruptStateError(
+                f"{str(self.path)!r} is not a zarr v3 checkpoint (no zarr.json); pass the path that "
+                "save_checkpoint, export_statedir or state_dict_to_checkpoint wrote"
+            )
+        try:
+            group = zarr.open_group(str(self.path), mode="r")
+            attrs = group.attrs.asdict()
+        except Exception as exc:  # zarr raises many kinds on a damaged zarr.json
+            raise CorruptStateError(f"cannot open the checkpoint {self.path}: {exc}") from exc
+        fmt, version = attrs.get("format"), attrs.get("format_version")
+        if fmt != FORMAT_NAME:
+            raise FormatVersionError(
+                f"{self.path} is a zarr group but not a tierstore checkpoint (format={fmt!r}); pass a "
+                "path written by save_checkpoint"
+            )
+        if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+            raise FormatVersionError(
+                f"{self.path} has checkpoint format_version {version!r}; this tierstore reads "
+                f"{FORMAT_NAME} versions up to {FORMAT_VERSION}. Upgrade tierstore to load it"
+            )
+        self.attrs = attrs
+        try:
+            self.layout = manifest_mod.saved_layout(attrs, str(self.path))
+            self.params: list[dict] = list(attrs["params"])
+            self.param_steps: list[float | None] = list(attrs["param_steps"])
+            self.param_groups: list[dict] = [manifest_mod.decode_group(g) for g in attrs["param_groups"]]
+            self.step_count = int(attrs["step_count"])
+            names = list(attrs["arrays"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptStateError(f"the attributes of checkpoint {self.path} are incomplete ({exc!r})") from exc
+        if len(self.params) != len(self.layout.params) or len(self.param_steps) != len(self.layout.params):
+            raise CorruptStateError(f"the parameter index of checkpoint {self.path} does not match its layout")
+        self.arrays: dict[str, Any] = {}
+        self.chunk_checksums: dict[str, list[str] | None] = {}
+        for name in names:
+            field = FIELD_OF_ARRAY.get(name)
+            if field is None or field not in self.layout.fields:
+                raise CorruptStateError(f"checkpoint {self.path} lists an unknown array {name!r}")
+            self.arrays[field] = arr = self._open_array(group, name)
+            sums = arr.attrs.get("chunk_checksums")
+            if attrs.get("checksum") == "xxh3" and (not isinstance(sums, list) or len(sums) != len(self.layout.shards)):
+                raise CorruptStateError(f"array {name} of checkpoint {self.path} lacks its chunk checksums")
+            self.chunk_checksums[field] = sums if attrs.get("checksum") == "xxh3" else None
+        self._scratch: dict[str, tuple[int, np.ndarray]] = {}
+
+    def _open_array(self, group: Any, name: str) -> Any:
+        where = f"array {name} of checkpoint {self.path}"
+        try:
+            arr = group[name]
+        except Exception as exc:
+            raise CorruptStateError(f"{where} is missing or unreadable ({exc}); the checkpoint is damaged") from exc
+        total, chunk = self.layout.total_numel, self.layout.shard_numel
+        if tuple(arr.shape) != (total,) or tuple(arr.chunks) != (chunk,) or arr.dtype != np.float32:
+            raise CorruptStateError(
+                f"{where} is {arr.shape} {arr.dtype} in chunks of {arr.chunks}; its layout needs ({total},) "
+                f"float32 in chunks of ({chunk},)"
+            )
+        stored = arr.nchunks_initialized
+        if stored != arr.nchunks:
+            raise CorruptStateError(
+                f"{where} stores {stored} of its {arr.nchunks} chunks; chunk files were deleted or never "
+                "written. Write the checkpoint again"
+            )
+        return arr
+
+    @property
+    def has_master(self) -> list[bool]:
+        return [bool(p.get("has_master", p["trainable"])) for p in self.params]
+
+    def read_chunk(self, field: str, index: int, out: np.ndarray) -> None:
+        """Read chunk ``index`` of ``field`` into ``out`` (its exact size) and verify it."""
+        arr = self.arrays[field]
+        lo = index * self.layout.shard_numel
+        where = f"chunk {index} (elements {lo}..{lo + out.size}) of array {ARRAY_OF_FIELD[field]} in {self.path}"
+        try:
+            arr.get_basic_selection(slice(lo, lo + out.size), out=default_buffer_prototype().nd_buffer.from_numpy_array(out))
+        except Exception as exc:  # a crc32c mismatch or a truncated file surfaces as ValueError
+            raise CorruptStateError(f"{where} is corrupt ({exc}); write the checkpoint again") from exc
+        sums = self.chunk_checksums[field]
+        if sums is not None:
+            got = shard_checksum(memoryview(out).cast("B"))
+            if got != sums[index]:
+                raise CorruptStateError(
+                    f"{where} fails its checksum: expected {sums[index]}, read {got}; the checkpoint is "
+                    "corrupt, write it again"
+                )
+
+    def read_range(self, field: str, lo: int, out: np.ndarray) -> None:
+        """Elements ``[lo, lo + out.size)`` of ``field`` into ``out``, verified chunk by chunk.
+
+        Whole chunks go straight into ``out``; a chunk only partly wanted (the
+        reader's shards are cut elsewhere) is read once into a scratch chunk.
+        """
+        hi = lo + out.size
+        chunk, total = self.layout.shard_numel, self.layout.total_numel
+        for index in range(lo // chunk, -(-hi // chunk)):
+            c0, c1 = index * chunk, min((index + 1) * chunk, total)
+            a, b = max(lo, c0), min(hi, c1)
+            if a == c0 and b == c1:
+                self.read_chunk(field, index, out[a - lo : b - lo])
+                continue
+            cached = self._scratch.get(field)
+            if cached is None or cached[0] != index:
+                buffer = cached[1] if cached is not None else np.empty(chunk, dtype=np.float32)
+                self.read_chunk(field, index, buffer[: c1 - c0])
+                self._scratch[field] = cached = (index, buffer)
+            out[a - lo : b - lo] = cached[1][a - c0 : b - c0]
+
+
+def _check_same_model(ck: _Checkpoint, mine: Layout, n_groups: int) -> None:
+    """Refuse a checkpoint of another model (shard size, fields and dtypes may differ)."""
+    fix = (
+        "Load a checkpoint saved from this model, or build the optimizer over the same parameters "
+        "and param groups, in the same order, as the run that saved it"
+    )
+    where = f"checkpoint {ck.path}"
+    if len(ck.params) != len(mine.params):
+        raise LayoutMismatchError(f"{where} has {len(ck.params)} parameters, this optimizer has {len(mine.params)}. {fix}")
+    if len(ck.param_groups) != n_groups:
+        raise LayoutMismatchError(f"{where} has {len(ck.param_groups)} param groups, this optimizer has {n_groups}. {fix}")
+    for saved, p in zip(ck.params, mine.params):
+        shape = None if saved["shape"] is None else tuple(saved["shape"])
+        differs = (
+            saved["group"] != p.group
+            or bool(saved["trainable"]) != p.trainable
+            or (shape is not None and shape != p.shape)
+            or (p.trainable and saved["start"] != p.start)
+        )
+        if differs:
+            def text(shape: Any, group: int, trainable: bool) -> str:
+                return f"shape {shape if shape is not None else '(unknown)'} in group {group}{'' if trainable else ', frozen'}"
+
+            hint = fix
+            if shape is None:
+                hint = (
+                    "It was converted from a torch state dict in which this parameter had no state; "
+                    "convert it again with state_dict_to_checkpoint(..., params=model.parameters())"
+                )
+            raise LayoutMismatchError(
+                f"{where}: parameter {p.index} has {text(shape, saved['group'], saved['trainable'])}, in this "
+                f"optimizer it has {text(p.shape, p.group, p.trainable)}. {hint}"
+            )
+
+
+def load_checkpoint(opt: TieredAdamW, path: str | os.PathLike) -> None:
+    """Stream a checkpoint back into an optimizer's state and commit it.
+
+    Restores every moment, step count, the param groups' hyperparameters,
+    ``opt.step_count`` and (when both have one) the fp32 master copy, which
+    is then written into the parameters. The checkpoint may have been
+    written with another ``shard_numel``, RAM budget or backend; it must
+    come from the same model (parameter shapes, order, groups and frozen
+    flags). Master weights in the checkpoint are ignored by an optimizer
+    that keeps none (fp32 CPU parameters without ``keep_master``), as
+    ``load_state_dict`` does; an optimizer that keeps them seeds them from
+    its parameters when the checkpoint has none. A missing
+    ``max_exp_avg_sq`` loads as zeros.
+
+    Raises
+    ------
+    LayoutMismatchError
+        If the checkpoint belongs to another model (names the first difference).
+    FormatVersionError
+        If it was written by a newer checkpoint format, or is not a tierstore checkpoint.
+    CorruptStateError
+        If a chunk fails its checksum or is missing (nothing is committed then).
+    ValueError
+        If the checkpoint uses amsgrad and the optimizer was built without it.
+
+    Example
+    -------
+    >>> import tempfile, torch
+    >>> from tierstore import TieredAdamW
+    >>> w = torch.nn.Parameter(torch.zeros(3)); w.grad = torch.ones(3)
+    >>> path = tempfile.mkdtemp() + "/ckpt.zarr"
+    >>> with TieredAdamW([w], lr=0.1) as opt:
+    ...     _ = opt.step(); save_checkpoint(opt, path)
+    >>> with TieredAdamW([w], lr=0.5) as fresh:
+    ...     load_checkpoint(fresh, path)
+    ...     fresh.step_count, fresh.param_groups[0]["lr"]
+    (1, 0.1)
+    """
+    ck = _Checkpoint(path)
+    layout = opt.layout
+    _check_same_model(ck, layout, len(opt.param_groups))
+    amsgrad_fields = "max_exp_avg_sq" in layout.fields
+    for gi, group in enumerate(ck.param_groups):
+        if group.get("amsgrad", False) and not amsgrad_fields:
+            raise ConfigError(
+                f"checkpoint {ck.path} param group {gi} uses amsgrad but this optimizer was built without "
+                "it; build TieredAdamW with amsgrad=True"
+            )
+    if "master" in ck.arrays and "master" not in layout.fields:
+        log.info("%s holds master weights; this optimizer keeps none (fp32 parameters), so they are not loaded", ck.path)
+
+    def fill(shard: ShardSpec, flat: torch.Tensor) -> None:
+        for field, values in _fields_of(shard, layout, flat):
+            out = values.numpy()
+            if field in ck.arrays:
+                ck.read_range(field, shard.start, out)
+            else:
+                out.fill(0.0)  # max_exp_avg_sq the checkpoint lacks; a master is seeded afterwards
+
+    steps = {i: s for i, s in enumerate(ck.param_steps) if s is not None and layout.params[i].trainable}
+    masters = set()
+    if "master" in ck.arrays:
+        masters = {i for i, (p, given) in enumerate(zip(layout.params, ck.has_master)) if p.trainable and given}
+    # _replace_shards commits with the optimizer's step_count, so it is set first;
+    # a failed load leaves the optimizer refusing use (its state is half-replaced).
+    opt._step_count = ck.step_count
+    opt._replace_shards(fill, param_steps=steps, groups=ck.param_groups, masters_given=masters)
+    log.info("loaded checkpoint %s (step %d)", ck.path, ck.step_count)
+
+
+# -- conversions for states that fit in RAM ----------------------------------------
+
+
+def _empty_state_dict(
+    layout: Layout,
+    steps: Sequence[float | None],
+    groups: list[dict[str, Any]],
+    has_master: Sequence[bool],
+) -> tuple[dict[str, Any], dict[int, dict[str, torch.Tensor]]]:
+    """A torch AdamW state dict with allocated tensors, and their flat views by field."""
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    flats: dict[int, dict[str, torch.Tensor]] = {}
+    for p in layout.params:
+        if not p.trainable or steps[p.index] is None:
+            continue
+        amsgrad = bool(groups[p.group].get("amsgrad", False))
+        entry = {"step": torch.tensor(float(steps[p.index]), dtype=torch.float32)}
+        flat = {}
+        for field in layout.fields:
+            if (field == "max_exp_avg_sq" and not amsgrad) or (field == "master" and not has_master[p.index]):
+                continue
+            tensor = torch.empty(p.shape, dtype=torch.float32)
+            entry[ARRAY_OF_FIELD[field]] = tensor
+            flat[field] = tensor.view(-1)
+        state[p.index] = entry
+        flats[p.index] = flat
+    torch_groups = []
+    for gi, group in enumerate(groups):
+        packed = dict(group)
+        packed["params"] = [p.index for p in layout.params if p.group == gi]
+        torch_groups.append(packed)
+    return {"state": state, "param_groups": torch_groups}, flats
+
+
+def _scatter(layout: Layout, flats: dict[int, dict[str, torch.Tensor]], shard: ShardSpec, values: dict[str, torch.Tensor]) -> None:
+    for seg in shard.segments:
+        dst = flats.get(seg.param)
+        if not dst:
+            continue
+        for field, t in dst.items():
+            t[seg.param_offset : seg.param_offset + seg.length].copy_(
+                values[field][seg.shard_offset : seg.shard_offset + seg.length]
+            )
+
+
+def checkpoint_to_state_dict(path: str | os.PathLike) -> dict[str, Any]:
+    """A checkpoint as a ``torch.optim.AdamW`` state dict (every moment as a full CPU tensor).
+
+    Parameters that never took a step have no entry in ``state``, as in
+    torch. ``master_param`` is included where the checkpoint has master
+    weights; ``torch.optim.AdamW`` ignores it, ``TieredAdamW`` loads it.
+
+    Raises
+    ------
+    CorruptStateError, FormatVersionError
+        As :func:`load_checkpoint`.
+
+    Example
+    -------
+    >>> import tempfile, torch
+    >>> from tierstore import TieredAdamW
+    >>> w = torch.nn.Parameter(torch.zeros(3)); w.grad = torch.ones(3)
+    >>> path = tempfile.mkdtemp() + "/ckpt.zarr"
+    >>> with TieredAdamW([w], lr=0.1) as opt:
+    ...     _ = opt.step(); save_checkpoint(opt, path)
+    >>> ref = torch.optim.AdamW([w], lr=0.1)
+    >>> ref.load_state_dict(checkpoint_to_state_dict(path)); ref.state[w]["exp_avg"].tolist()
+    [0.10000000149011612, 0.10000000149011612, 0.10000000149011612]
+    """
+    ck = _Checkpoint(path)
+    layout = ck.layout
+    result, flats = _empty_state_dict(layout, ck.param_steps, ck.param_groups, ck.has_master)
+    wanted = sorted({s for i in flats for s, _ in layout.segments_of(i)})
+    scratch = {f: np.empty(layout.shard_numel, dtype=np.float32) for f in ck.arrays}
+    for index in wanted:
+        shard = layout.shards[index]
+        values = {}
+        for field in ck.arrays:
+            out = scratch[field][: shard.capacity]
+            ck.read_chunk(field, index, out)
+            values[field] = torch.from_numpy(out)
+        _scatter(layout, flats, shard, values)
+    return result
+
+
+def statedir_to_state_dict(state_dir: str | os.PathLike) -> dict[str, Any]:
+    """A state directory's last commit as a ``torch.optim.AdamW`` state dict (no optimizer needed).
+
+    Raises
+    ------
+    CorruptStateError, FormatVersionError
+        As :func:`export_statedir`.
+
+    Example
+    -------
+    >>> import tempfile, torch
+    >>> from tierstore import TieredAdamW
+    >>> d = tempfile.mkdtemp(); w = torch.nn.Parameter(torch.zeros(3)); w.grad = torch.ones(3)
+    >>> with TieredAdamW([w], state_dir=d) as opt:
+    ...     _ = opt.step()
+    >>> sorted(statedir_to_state_dict(d)["state"][0])
+    ['exp_avg', 'exp_avg_sq', 'step']
+    """
+    from .reader import StateReader
+
+    with StateReader(state_dir) as reader:
+        _require_clean(reader)
+        layout = reader.layout
+        result, flats = _empty_state_dict(layout, reader.param_steps, reader.param_groups, [True] * len(layout.params))
+        wanted = sorted({s for i in flats for s, _ in layout.segments_of(i)})
+        for index in wanted:
+            shard = layout.shards[index]
+            flat = reader.read_shard(index)
+            _scatter(layout, flats, shard, dict(_fields_of(shard, layout, flat)))
+    return result
+
+
+def _position_map(state_dict: dict[str, Any]) -> tuple[list[list[Any]], dict[Any, int]]:
+    try:
+        groups = [list(g["params"]) for g in state_dict["param_groups"]]
+        state = state_dict["state"]
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"not a torch optimizer state dict ({exc!r}); pass optimizer.state_dict(), which has 'state' "
+            "and 'param_groups' with 'params' lists"
+        ) from None
+    position: dict[Any, int] = {}
+    for ids in groups:
+        for pid in ids:
+            position[pid] = len(position)
+    unknown = [pid for pid in state if pid not in position]
+    if unknown:
+        raise ConfigError(f"the state dict has state for parameter ids {unknown[:5]} that no param group lists")
+    return groups, position
+
+
+def state_dict_to_checkpoint(
+    state_dict: dict[str, Any],
+    path: str | os.PathLike,
+    *,
+    shard_numel: int = DEFAULT_SHARD_NUMEL,
+    params: Iterable[torch.Tensor] | None = None,
+    overwrite: bool = False,
+    checksum: str | None = "xxh3",
+) -> None:
+    """Write a ``torch.optim.AdamW`` (or ``TieredAdamW``) state dict as a zarr checkpoint.
+
+    A parameter with state (``exp_avg``...) is trainable with the state's
+    shape. Without ``params``, a parameter with no state is recorded as
+    frozen with an unknown shape: loading then works only into an optimizer
+    where that parameter is frozen too. Pass ``params`` (the model's
+    parameters, in the state dict's order) to record every shape and which
+    are trainable; trainable parameters without state get zeros and no step,
+    as after construction.
+
+    Parameters
+    ----------
+    state_dict
+        ``optimizer.state_dict()`` of ``torch.optim.AdamW``.
+    path, overwrite, checksum
+        As :func:`save_checkpoint`.
+    shard_numel
+        Elements per chunk (rounded up to a multiple of 1024).
+    params
+        Optional: the parameters the state dict belongs to.
+
+    Raises
+    ------
+    ConfigError
+        If the state dict is malformed or does not match ``params``.
+    CheckpointExistsError
+        As :func:`save_checkpoint`.
+
+    Example
+    -------
+    >>> import tempfile, torch
+    >>> w = torch.nn.Parameter(torch.zeros(3)); w.grad = torch.ones(3)
+    >>> ref = torch.optim.AdamW([w], lr=0.1); ref.step()
+    >>> path = tempfile.mkdtemp() + "/ckpt.zarr"
+    >>> state_dict_to_checkpoint(ref.state_dict(), path, shard_numel=1024)
+    >>> checkpoint_to_state_dict(path)["state"][0]["exp_avg"].tolist()
+    [0.10000000149011612, 0.10000000149011612, 0.10000000149011612]
+    """
+    groups, position = _position_map(state_dict)
+    n = len(position)
+    given = None if params is None else list(params)
+    if given is not None and len(given) != n:
+        raise ConfigError(f"params has {len(given)} tensors but the state dict's param groups list {n}; pass them all, in order")
+    entries: list[dict[str, Any]] = [{} for _ in range(n)]
+    for pid, entry in state_dict["state"].items():
+        entries[position[pid]] = entry
+    fields = ["exp_avg", "exp_avg_sq"]
+    if any("max_exp_avg_sq" in e for e in entries):
+        fields.append("max_exp_avg_sq")
+    if any("master_param" in e for e in entries):
+        fields.append("master")
+    stand_ins: list[list[torch.Tensor]] = []
+    known, steps, has_master = [], [], []
+    for ids in groups:
+        group_tensors = []
+        for pid in ids:
+            i = position[pid]
+            entry = entries[i]
+            missing = [k for k in ("exp_avg", "exp_avg_sq") if entry and k not in entry]
+            if missing:
+                raise ConfigError(f"the state of parameter {i} lacks {missing}; is this an AdamW state dict?")
+            if given is not None:
+                p = given[i]
+                stand_in = torch.empty(p.shape, dtype=p.dtype, device="meta").requires_grad_(bool(p.requires_grad) and p.is_floating_point())
+                if entry and entry["exp_avg"].numel() != p.numel():
+                    raise ConfigError(
+                        f"the exp_avg of parameter {i} has {entry['exp_avg'].numel()} elements, params[{i}] "
+                        f"has {p.numel()} (shape {tuple(p.shape)}); pass the parameters in the state dict's order"
+                    )
+                known.append(True)
+            elif entry:
+                ref = entry["exp_avg"]
+                stand_in = torch.empty(ref.shape, dtype=ref.dtype, device="meta").requires_grad_(True)
+                known.append(True)
+            else:
+                stand_in = torch.empty(0, device="meta")
+                known.append(False)
+            group_tensors.append(stand_in)
+            steps.append(float(entry["step"]) if entry and "step" in entry else None)
+            has_master.append("master_param" in entry)
+        stand_ins.append(group_tensors)
+    layout = Layout.build(stand_ins, shard_numel=shard_numel, fields=fields)
+    if given is not None:
+        for i, entry in enumerate(entries):
+            if entry and not layout.params[i].trainable:
+                raise ConfigError(f"parameter {i} has optimizer state but params[{i}] does not require grad")
+    sources = {
+        i: {f: e[ARRAY_OF_FIELD[f]].detach().reshape(-1) for f in fields if ARRAY_OF_FIELD[f] in e}
+        for i, e in enumerate(entries)
+        if e and layout.params[i].trainable
+    }
+    header = _Header(
+        layout=layout,
+        step_count=int(max((s for s in steps if s is not None), default=0)),
+        param_groups=manifest_mod.encode_groups(state_dict["param_groups"]),
+        param_steps=steps,
+        source="torch",
+        known_shapes=known,
+        has_master=has_master,
+    )
+    scratch = torch.empty(layout.shard_numel * len(fields), dtype=torch.float32)
+    with _Writer(path, header, overwrite=overwrite, checksum=checksum) as writer:
+        for shard in layout.shards:
+            flat = scratch[: shard.capacity * len(fields)]
+            flat.zero_()
+            values = dict(_fields_of(shard, layout, flat))
+            for seg in shard.segments:
+                src = sources.get(seg.param, {})
+                for field, t in src.items():
+                    values[field][seg.shard_offset : seg.shard_offset + seg.length].copy_(
+                        t[seg.param_offset : seg.param_offset + seg.length]
+                    )
+            for field, t in values.items():
+                writer.write(shard, field, t)
+
+
+def read_checkpoint_attributes(path: str | os.PathLike) -> dict[str, Any]:
+    """The checked attributes of a checkpoint (format, layout, steps, groups, parameter index).
+
+    Raises
+    ------
+    CorruptStateError, FormatVersionError
+        As :func:`load_checkpoint`.
+
+    Example
+    -------
+    >>> import tempfile, torch
+    >>> w = torch.nn.Parameter(torch.zeros(3)); w.grad = torch.ones(3)
+    >>> ref = torch.optim.AdamW([w]); ref.step()
+    >>> path = tempfile.mkdtemp() + "/ckpt.zarr"
+    >>> state_dict_to_checkpoint(ref.state_dict(), path)
+    >>> read_checkpoint_attributes(path)["params"][0]["shape"]
+    [3]
+    """
+    return dict(_Checkpoint(path).attrs)
+
