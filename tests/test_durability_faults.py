@@ -233,3 +233,22 @@ def test_resume_reports_the_committed_step(tmp_path):
     assert opt.step_count == 4
     assert all(float(opt.state[p]["step"]) > 0 for p in params)
     opt.close()
+
+
+def test_roll_back_one_step(tmp_path):
+    """A durable directory keeps its last commit and the one before (for distributed resumes)."""
+    job = _job(tmp_path)
+    opt, params = _open(job)
+    _steps(opt, params, job, job.steps + 1)
+    opt.close()
+    opt, params = _open(job, [torch.nn.Parameter(torch.zeros(s)) for s in job.shapes], resume_step=job.steps)
+    assert opt.step_count == job.steps
+    opt.close()
+    with pytest.raises(CorruptStateError, match=r"cannot resume at step 2: it holds steps \[7, 6\]"):
+        _open(job, resume_step=2)
+    # Rolled back, it is exactly the uninterrupted run of job.steps steps.
+    opt, params = _open(job, [torch.nn.Parameter(torch.zeros(s)) for s in job.shapes], resume_step=job.steps)
+    out = tmp_path / "rolled.pt"
+    torch.save({"params": [p.detach() for p in params], "state_dict": opt.state_dict()}, out)
+    opt.close()
+    assert compare(job, out) == []

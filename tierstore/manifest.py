@@ -74,11 +74,22 @@ def build(
     clean: bool,
     backend: str | None,
     ram_budget: int | None,
+    previous: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The manifest's content for one commit."""
+    """The manifest's content for one commit.
+
+    ``previous`` is the last commit's manifest: its step, steps, groups and
+    shard records are kept under ``"previous"`` so that a durable directory
+    can also be rolled back one step (the other copy of every shard still
+    holds it). Distributed resumes use that to meet at a common step.
+    """
     from . import __version__
 
+    rollback = None
+    if previous is not None and durable and previous.get("durable"):
+        rollback = {k: previous[k] for k in ROLLBACK_KEYS if k in previous}
     return {
+        "previous": rollback,
         "tierstore_version": __version__,
         "fingerprint": layout.fingerprint,
         "layout": layout.to_dict(),
@@ -92,6 +103,46 @@ def build(
         "ram_budget": ram_budget,
         "committed_at": time.time(),
     }
+
+
+ROLLBACK_KEYS = ("step_count", "param_steps", "param_groups", "shards")
+
+
+def committed_steps(manifest: dict[str, Any]) -> list[int]:
+    """The steps a directory can resume at: its last commit and, when kept, the one before."""
+    steps = [int(manifest["step_count"])]
+    previous = manifest.get("previous")
+    if previous and int(previous["step_count"]) != steps[0]:
+        steps.append(int(previous["step_count"]))
+    return steps
+
+
+def at_step(manifest: dict[str, Any], step: int | None, where: str) -> dict[str, Any]:
+    """The manifest as of committed ``step`` (``None``: the last commit).
+
+    Rolling back makes every shard point at the copy the previous commit
+    named; the other copies' checksums are forgotten (they hold the newer
+    step, about to be overwritten).
+
+    Raises
+    ------
+    CorruptStateError
+        If ``step`` is neither the last commit nor the one before it.
+    """
+    if step is None or int(step) == int(manifest["step_count"]):
+        return manifest
+    previous = manifest.get("previous")
+    if not previous or int(previous["step_count"]) != int(step):
+        raise CorruptStateError(
+            f"state_dir={where!r} cannot resume at step {step}: it holds steps "
+            f"{committed_steps(manifest)} (a durable directory keeps its last commit and the one "
+            "before). Resume at one of those"
+        )
+    rolled = dict(manifest)
+    rolled.update({k: previous[k] for k in ROLLBACK_KEYS})
+    rolled["shards"] = [{**rec, "stale_checksum": None} for rec in previous["shards"]]
+    rolled["previous"] = None
+    return rolled
 
 
 def saved_layout(manifest: dict[str, Any], where: str) -> Layout:

@@ -144,8 +144,26 @@ class TieredAdamW(torch.optim.Optimizer):
     keep_master
         Keep an fp32 master copy even for fp32 CPU parameters. ``None``: only
         when some parameter is not fp32 or not on the CPU.
+        With it, the state directory alone can restore fp32 parameters after a crash.
     pin_memory
         Pin host buffers for CUDA; ``None`` pins exactly when CUDA is available.
+    durable
+        Make every step a crash-consistent checkpoint in ``state_dir`` (two
+        copies of every shard, an atomically replaced manifest). ``None``:
+        on when a ``state_dir`` is given. With ``durable=False`` a
+        ``state_dir`` is resumable only after a clean :meth:`close`.
+    resume
+        Continue the state in ``state_dir``: the layout fingerprint must match
+        these parameters; moments, step counts, hyperparameters and masters
+        are restored. An empty directory starts fresh. :attr:`step_count`
+        says which step to resume data loading and LR schedules from.
+    resume_step
+        Resume at this committed step instead of the last one: a durable
+        directory also keeps the commit before its last (distributed
+        resumes use this to meet at a common step).
+    restore_params
+        On resume, write the committed master weights back into the
+        parameters (when the state has masters).
 
     Raises
     ------
@@ -155,6 +173,8 @@ class TieredAdamW(torch.optim.Optimizer):
         ``ram_budget`` below what the streaming arena needs.
     StateDirError, StateDirInUseError, StateExistsError
         Unusable, busy, or already populated ``state_dir``.
+    LayoutMismatchError, FormatVersionError, CorruptStateError
+        On resume: state of another model, of a newer format, or damaged.
 
     Example
     -------
@@ -191,6 +211,7 @@ class TieredAdamW(torch.optim.Optimizer):
         pin_memory: bool | None = None,
         durable: bool | None = None,
         resume: bool = False,
+        resume_step: int | None = None,
         restore_params: bool = True,
     ) -> None:
         # Note: like torch.optim.AdamW, lr..amsgrad may be passed positionally.
@@ -236,8 +257,9 @@ class TieredAdamW(torch.optim.Optimizer):
         self._last_run: RunStats | None = None
         self._cuda_events: list[Any] = [None, None]
         self._dirty_marked = False
+        self._last_manifest: dict | None = None
         try:
-            saved = self._open_dir(state_dir, resume)
+            saved = self._open_dir(state_dir, resume, resume_step)
             self._build_layout(shard_numel, keep_master, saved)
             self._open_store(pin_memory, saved, restore_params)
         except BaseException:
@@ -264,7 +286,7 @@ class TieredAdamW(torch.optim.Optimizer):
                     "(param.data = param.data.contiguous()) before building the optimizer"
                 )
 
-    def _open_dir(self, state_dir: str | None, resume: bool) -> dict | None:
+    def _open_dir(self, state_dir: str | None, resume: bool, resume_step: int | None) -> dict | None:
         """Lock the state directory (if one was given) and read what it holds."""
         if state_dir is None:
             return None
@@ -281,7 +303,8 @@ class TieredAdamW(torch.optim.Optimizer):
         if not self._statedir.file(MANIFEST).exists():
             log.warning("%s holds state files but no manifest (a run died while starting); starting fresh", where)
             return None
-        saved = self._statedir.read_manifest()
+        saved = manifest_mod.at_step(self._statedir.read_manifest(), resume_step, where)
+        self._last_manifest = saved  # the next commit's "previous"
         if not saved.get("clean", True):
             raise CorruptStateError(
                 f"state_dir={where!r} was written with durable=False by a run that did not close() "
@@ -417,6 +440,7 @@ class TieredAdamW(torch.optim.Optimizer):
             clean=clean,
             backend=self.backend,
             ram_budget=self._budget,
+            previous=self._last_manifest,
         )
 
     def _commit(self) -> None:
@@ -430,7 +454,9 @@ class TieredAdamW(torch.optim.Optimizer):
             return
         if self._durable:
             store.commit(self._step_count)
-            self._statedir.write_manifest(self._manifest(clean=True))
+            body = self._manifest(clean=True)
+            self._statedir.write_manifest(body)
+            self._last_manifest = body
             crash_point("after-commit")
             self._statedir.end_writes()
             return
