@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import distributed
 from . import manifest as manifest_mod
 from .budget import TierPlan, plan_tiers
 from .errors import (
@@ -290,8 +291,15 @@ class TieredAdamW(torch.optim.Optimizer):
         """Lock the state directory (if one was given) and read what it holds."""
         if state_dir is None:
             return None
-        self._statedir = StateDir(state_dir).open()
+        self._statedir = StateDir(distributed.rank_state_dir(state_dir)).open()
         where = str(self._statedir.path)
+        _, world = distributed.rank_and_world()
+        if resume and resume_step is None and world > 1:
+            # Every rank resumes at the same step; the ranks ahead roll back one.
+            mine = None
+            if self._statedir.file(MANIFEST).exists():
+                mine = manifest_mod.committed_steps(self._statedir.read_manifest())
+            resume_step = distributed.agree_on_step(mine)
         if not self._statedir.holds_state():
             return None
         if not resume:
