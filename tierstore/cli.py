@@ -27,10 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench io": ("tierstore.benchmarks.io", "read/write bandwidth of the drive behind --dir, per backend and setting"),
     "bench step": ("tierstore.benchmarks.step", "time per optimizer step in RAM and on disk against torch AdamW"),
     "plan": ("tierstore.planner", "memory and I/O arithmetic for a model before training it"),
-    "inspect": ("tierstore.inspect", "show the committed step, layout, tiers and hyperparameters of a state directory"),
-    "verify": ("tierstore.inspect", "check every checksum of a state directory (non-zero exit on corruption)"),
-    "export": ("tierstore.inspect", "stream a state directory into a zarr v3 checkpoint"),
-    "to-torch": ("tierstore.inspect", "convert a state directory into a torch.optim.AdamW state dict (.pt)"),
+    "inspect": ("tierstore.inspection", "show the committed step, layout, tiers and hyperparameters of a state directory"),
+    "verify": ("tierstore.inspection", "check every checksum of a state directory (non-zero exit on corruption)"),
+    "export": ("tierstore.inspection", "stream a state directory into a zarr v3 checkpoint"),
+    "to-torch": ("tierstore.inspection", "convert a state directory into a torch.optim.AdamW state dict (.pt)"),
     "diagnose": ("tierstore.diagnose", "measure where training memory peaks for a module factory"),
 }
 

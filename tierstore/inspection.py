@@ -1,0 +1,365 @@
+"""``tierstore inspect | verify | export | to-torch``: look into a state directory without the model.
+
+Every command stands on :class:`~tierstore.reader.StateReader` (the
+manifest and the committed copy of each shard, verified) or on a zarr
+checkpoint; none needs the optimizer, the model or a GPU.
+
+- ``inspect DIR`` prints the committed step, whether the state is clean and
+  durable, a layout summary, bytes per tier and the hyperparameters of every
+  param group (``--json`` for a machine-readable dict). ``DIR`` may also be a
+  zarr checkpoint.
+- ``verify DIR`` checks every checksum of the committed copies (errors) and of
+  the intact stale copies (warnings) and prints each problem with its shard
+  and file. Exit status: 0 clean, 1 the committed state (or the manifest) is
+  bad, 3 only stale copies are damaged (the committed state is intact).
+- ``export DIR OUT.zarr`` streams the committed state into a zarr checkpoint.
+- ``to-torch DIR OUT.pt`` writes a ``torch.optim.AdamW`` state dict (the whole
+  state in RAM); ``--from-zarr`` converts a zarr checkpoint instead.
+
+Example
+-------
+>>> import argparse
+>>> parser = argparse.ArgumentParser(prog="tierstore verify")
+>>> add_verify_arguments(parser)
+>>> parser.parse_args(["/tmp/state"]).dir
+'/tmp/state'
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from .checkpoint import (
+    checkpoint_to_state_dict,
+    export_statedir,
+    read_checkpoint_attributes,
+    statedir_to_state_dict,
+)
+from .errors import CorruptStateError, FormatVersionError
+from .layout import Layout
+from .manifest import decode_group
+from .reader import Problem, StateReader
+from .sizes import format_size
+from .statedir import INFLIGHT
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_CORRUPT = 1  # the committed state or the manifest is bad (argparse uses 2 for usage errors)
+EXIT_STALE_ONLY = 3  # only stale copies (the step before the commit) are damaged
+CORE_HYPER = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
+# Keys torch.optim.AdamW adds to every group; shown in text only when not at these values.
+_TORCH_KEYS = {"foreach": None, "capturable": False, "differentiable": False, "fused": True, "decoupled_weight_decay": True}
+
+
+# -- inspect -----------------------------------------------------------------
+
+
+def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", help="a tierstore state directory (or a zarr checkpoint)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def _layout_summary(layout: Layout, fingerprint: str) -> dict[str, Any]:
+    trainable = [p for p in layout.params if p.trainable]
+    return {
+        "params": len(layout.params),
+        "trainable": len(trainable),
+        "frozen": len(layout.params) - len(trainable),
+        "trainable_numel": layout.trainable_numel,
+        "shards": len(layout.shards),
+        "shard_numel": layout.shard_numel,
+        "total_numel": layout.total_numel,
+        "fields": list(layout.fields),
+        "fingerprint": fingerprint,
+    }
+
+
+def _groups_summary(groups: list[dict[str, Any]], layout: Layout) -> list[dict[str, Any]]:
+    out = []
+    for gi, group in enumerate(groups):
+        entry = {k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items() if k != "params"}
+        entry["params"] = sum(1 for p in layout.params if p.group == gi)
+        out.append(entry)
+    return out
+
+
+def _steps_summary(steps: list[float | None]) -> dict[str, Any]:
+    known = [s for s in steps if s is not None]
+    return {"with_state": len(known), "min": min(known, default=None), "max": max(known, default=None)}
+
+
+def describe_statedir(path: str | os.PathLike) -> dict[str, Any]:
+    """What ``tierstore inspect --json`` prints for a state directory.
+
+    Raises
+    ------
+    CorruptStateError, FormatVersionError
+        If the manifest is missing, corrupt or from a newer tierstore.
+
+    Example
+    -------
+    >>> import tempfile, torch
+    >>> from tierstore import TieredAdamW
+    >>> d = tempfile.mkdtemp(); w = torch.nn.Parameter(torch.zeros(3)); w.grad = torch.ones(3)
+    >>> with TieredAdamW([w], state_dir=d) as opt:
+    ...     _ = opt.step()
+    >>> info = describe_statedir(d); info["step_count"], info["layout"]["trainable"]
+    (1, 1)
+    """
+    with StateReader(path) as reader:
+        m = reader.manifest
+        layout = reader.layout
+        return {
+            "kind": "state_dir",
+            "path": str(reader.path),
+            "step_count": reader.step_count,
+            "committed_at": m.get("committed_at"),
+            "clean": reader.clean,
+            "durable": bool(m.get("durable")),
+            "interrupted_after_commit": (reader.path / INFLIGHT).exists(),
+            "tierstore_version": m.get("tierstore_version"),
+            "format_version": m.get("format_version"),
+            "backend": m.get("backend"),
+            "layout": _layout_summary(layout, m["fingerprint"]),
+            "bytes": {
+                "state_per_copy": layout.state_nbytes,
+                "per_full_shard": layout.slot_nbytes,
+                "files": reader.file_sizes(),
+                "ram_budget": m.get("ram_budget"),
+            },
+            "param_steps": _steps_summary(reader.param_steps),
+            "param_groups": _groups_summary(reader.param_groups, layout),
+        }
+
+
+def describe_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """What ``tierstore inspect --json`` prints for a zarr checkpoint.
+
+    Raises
+    ------
+    CorruptStateError, FormatVersionError
+        If the checkpoint cannot be read or is from a newer tierstore.
+
+    Example
+    -------
+    >>> import tempfile, torch
+    >>> from tierstore.checkpoint import state_dict_to_checkpoint
+    >>> w = torch.nn.Parameter(torch.zeros(3)); w.grad = torch.ones(3)
+    >>> ref = torch.optim.AdamW([w]); ref.step()
+    >>> p = tempfile.mkdtemp() + "/c.zarr"; state_dict_to_checkpoint(ref.state_dict(), p)
+    >>> describe_checkpoint(p)["source"]
+    'torch'
+    """
+    attrs = read_checkpoint_attributes(path)
+    layout = Layout.from_dict(attrs["layout"])
+    arrays_bytes = sum(
+        f.stat().st_size for f in Path(path).rglob("*") if f.is_file() and f.name != "zarr.json"
+    )
+    return {
+        "kind": "checkpoint",
+        "path": str(path),
+        "step_count": attrs["step_count"],
+        "source": attrs.get("source"),
+        "tierstore_version": attrs.get("tierstore_version"),
+        "format_version": attrs["format_version"],
+        "checksum": attrs.get("checksum"),
+        "arrays": attrs["arrays"],
+        "layout": _layout_summary(layout, attrs["fingerprint"]),
+        "bytes": {"state": layout.state_nbytes, "files": arrays_bytes},
+        "param_steps": _steps_summary(attrs["param_steps"]),
+        "param_groups": _groups_summary([decode_group(g) for g in attrs["param_groups"]], layout),
+    }
+
+
+def _format_group(group: dict[str, Any]) -> str:
+    parts = [f"{k}={tuple(group[k]) if k == 'betas' else group[k]}" for k in CORE_HYPER if k in group]
+    for key, value in group.items():
+        if key in CORE_HYPER or key == "params" or _TORCH_KEYS.get(key, object()) == value:
+            continue
+        parts.append(f"{key}={value}")
+    return " ".join(parts)
+
+
+def _print_text(info: dict[str, Any]) -> None:
+    lay = info["layout"]
+    b = info["bytes"]
+    if info["kind"] == "state_dir":
+        when = ""
+        if info["committed_at"]:
+            stamp = datetime.datetime.fromtimestamp(info["committed_at"], tz=datetime.timezone.utc)
+            when = f" (committed {stamp:%Y-%m-%d %H:%M:%S} UTC)"
+        print(f"state directory {info['path']}")
+        print(f"  committed step: {info['step_count']}{when}")
+        state = ("clean" if info["clean"] else "DIRTY (a durable=False run did not close; files mix steps)") + (
+            ", durable" if info["durable"] else ", not durable"
+        )
+        print(f"  state: {state}")
+        if info["interrupted_after_commit"]:
+            print("  note: a step was interrupted after this commit; the committed state above is intact")
+        print(f"  written by: tierstore {info['tierstore_version']} (format {info['format_version']}), backend {info['backend']}")
+    else:
+        print(f"zarr checkpoint {info['path']} (from {info['source']}, checksum {info['checksum']})")
+        print(f"  step: {info['step_count']}")
+        print(f"  written by: tierstore {info['tierstore_version']} (format {info['format_version']})")
+    print("layout:")
+    print(
+        f"  parameters: {lay['params']} ({lay['trainable']} trainable, {lay['frozen']} frozen), "
+        f"{lay['trainable_numel']:,} trainable elements"
+    )
+    print(f"  shards: {lay['shards']} x {lay['shard_numel']:,} elements; fields: {', '.join(lay['fields'])}")
+    print(f"  fingerprint: {lay['fingerprint']}")
+    print("bytes:")
+    if info["kind"] == "state_dir":
+        print(f"  state: {format_size(b['state_per_copy'])} per copy ({format_size(b['per_full_shard'])} per full shard)")
+        files = ", ".join(f"{k} {format_size(v)}" for k, v in b["files"].items()) or "none"
+        print(f"  files on disk (allocated): {files}")
+        budget = "none (all in RAM)" if b["ram_budget"] is None else format_size(b["ram_budget"])
+        print(f"  ram_budget of the last run: {budget} (which shards were resident is not recorded)")
+    else:
+        print(f"  state: {format_size(b['state'])}; chunk files: {format_size(b['files'])}")
+    steps = info["param_steps"]
+    if steps["with_state"]:
+        span = f"{steps['min']:g}" if steps["min"] == steps["max"] else f"{steps['min']:g}..{steps['max']:g}"
+        print(f"param steps: {steps['with_state']} parameters with state, AdamW step {span}")
+    else:
+        print("param steps: no parameter has taken a step")
+    print("param groups:")
+    for gi, group in enumerate(info["param_groups"]):
+        print(f"  group {gi} ({group['params']} params): {_format_group(group)}")
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    path = Path(args.dir)
+    info = describe_checkpoint(path) if (path / "zarr.json").is_file() else describe_statedir(path)
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+    else:
+        _print_text(info)
+    return EXIT_OK
+
+
+# -- verify ------------------------------------------------------------------
+
+
+def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", help="a tierstore state directory")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.epilog = "exit status: 0 clean; 1 the committed state or manifest is corrupt; 3 only stale copies are damaged"
+
+
+class _ProgressReader(StateReader):
+    """A :class:`StateReader` that advances a progress bar by the bytes each shard read covers."""
+
+    bar: Any = None
+
+    def _read(self, index: int, copy: int) -> Any:
+        try:
+            return super()._read(index, copy)
+        finally:
+            if self.bar is not None:
+                self.bar.update(self.layout.shard_nbytes(index))
+
+
+def _bytes_to_check(reader: StateReader) -> int:
+    # Mirrors StateReader.verify: committed copies always, stale ones when intact and not in flight.
+    stale = not (reader.path / INFLIGHT).exists() and reader.manifest.get("durable")
+    total = 0
+    for shard in reader.layout.shards:
+        rec = reader.records[shard.index]
+        copies = (rec["checksum"] is not None) + bool(stale and rec.get("stale_checksum"))
+        total += copies * reader.layout.shard_nbytes(shard)
+    return total
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    path = Path(args.dir)
+    try:
+        reader = _ProgressReader(path)
+    except (CorruptStateError, FormatVersionError) as exc:
+        print(f"error: {exc}")
+        return EXIT_CORRUPT
+    with reader:
+        if not reader.clean:
+            print(
+                f"error: {path} was left dirty by a durable=False run that did not close(); its files mix "
+                "steps, so no checksum can match. Start over from a checkpoint"
+            )
+            return EXIT_CORRUPT
+        with tqdm(total=_bytes_to_check(reader), unit="B", unit_scale=True, desc="verify", disable=True if args.no_progress else None, file=sys.stderr) as bar:
+            reader.bar = bar
+            problems: list[Problem] = reader.verify()
+        for problem in problems:
+            print(problem)
+        errors = sum(p.severity == "error" for p in problems)
+        warnings = len(problems) - errors
+        shards = len(reader.layout.shards)
+        if errors:
+            print(
+                f"{errors} error(s), {warnings} warning(s) in {shards} shards: the committed state of step "
+                f"{reader.step_count} is corrupt; restore {path} from a checkpoint"
+            )
+            return EXIT_CORRUPT
+        if warnings:
+            print(
+                f"{warnings} warning(s): stale copies (the step before {reader.step_count}) are damaged; the "
+                f"committed state of step {reader.step_count} is intact ({shards} shards verified)"
+            )
+            return EXIT_STALE_ONLY
+        print(f"ok: step {reader.step_count}, {shards} shards, every checksum matches")
+        return EXIT_OK
+
+
+# -- export / to-torch -----------------------------------------------------------
+
+
+def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", help="a tierstore state directory")
+    parser.add_argument("out", help="the zarr v3 checkpoint to create, e.g. step1000.zarr")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint at OUT")
+    parser.add_argument(
+        "--checksum",
+        choices=("xxh3", "crc32c", "none"),
+        default="xxh3",
+        help="per-chunk checksum: xxh3 in the attributes (default, fastest) or zarr's crc32c codec",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    with StateReader(args.dir) as reader:
+        total = reader.layout.state_nbytes
+    checksum = None if args.checksum == "none" else args.checksum
+    with tqdm(total=total, unit="B", unit_scale=True, desc="export", disable=True if args.no_progress else None, file=sys.stderr) as bar:
+        export_statedir(args.dir, args.out, overwrite=args.overwrite, checksum=checksum, progress=bar.update)
+    print(f"exported {args.dir} to {args.out}")
+    return EXIT_OK
+
+
+def add_to_torch_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("src", help="a tierstore state directory (or, with --from-zarr, a zarr checkpoint)")
+    parser.add_argument("out", help="the .pt file to write (torch.save of a torch.optim.AdamW state dict)")
+    parser.add_argument("--from-zarr", action="store_true", help="SRC is a zarr checkpoint, not a state directory")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+
+
+def run_to_torch(args: argparse.Namespace) -> int:
+    import torch
+
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        print(f"tierstore: error: {out} exists; pass --overwrite to replace it", file=sys.stderr)
+        return EXIT_ERROR
+    state_dict = checkpoint_to_state_dict(args.src) if args.from_zarr else statedir_to_state_dict(args.src)
+    tmp = out.with_name(f".{out.name}.partial")
+    torch.save(state_dict, tmp)
+    os.replace(tmp, out)
+    print(f"wrote {out}: {len(state_dict['state'])} parameter states, {len(state_dict['param_groups'])} param groups")
+    return EXIT_OK
