@@ -68,6 +68,8 @@ def machine_info(directory: Path | str | None = None) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "tierstore": __version__,
+        # Threading settings change CPU-bound results a lot (OpenMP spin-waiting competes with I/O threads).
+        "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")},
     }
     try:
         import psutil
