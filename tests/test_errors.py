@@ -244,6 +244,13 @@ def test_state_dir_where_nothing_can_be_created() -> None:
     assert not os.path.exists("/proc/tierstore-cannot-be-here")
 
 
+@pytest.mark.parametrize("path", ["/proc", "/sys/kernel"])
+def test_existing_state_dir_that_is_not_writable(path: str) -> None:
+    with pytest.raises(StateDirError, match="not writable") as info:
+        build(state_dir=path)
+    assert repr(path) in str(info.value)
+
+
 @pytest.mark.parametrize("durable", [True, False])
 @pytest.mark.parametrize("same_model", [True, False])
 def test_state_dir_holding_state_of_another_run(workdir: Path, durable: bool, same_model: bool, snapshot) -> None:
@@ -372,19 +379,37 @@ def test_add_param_group(running, snapshot) -> None:
     assert all(torch.equal(p, q) for p, q in zip(ps, twin))
 
 
-def test_parameter_appended_to_a_group(running, snapshot) -> None:
-    opt, ref, ps, twin, tmp_path = running
-    extra = nn.Parameter(torch.zeros(5))
-    extra.grad = torch.ones(5)
+def _append_to_group(opt, extra) -> None:
     opt.param_groups[0]["params"].append(extra)
+
+
+def _append_group(opt, extra) -> None:
+    opt.param_groups.append({**{k: v for k, v in opt.param_groups[0].items() if k != "params"}, "params": [extra]})
+
+
+def _replace_param(opt, extra) -> None:
+    opt.param_groups[0]["params"][1] = extra
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [(_append_to_group, "3 now"), (_append_group, "3 now"), (_replace_param, "2 now")],
+    ids=["append_to_group", "append_group", "replace"],
+)
+def test_parameters_changed_in_param_groups(running, change, says, snapshot) -> None:
+    opt, ref, ps, twin, tmp_path = running
+    extra = nn.Parameter(torch.zeros(7, 3))
+    extra.grad = torch.ones(7, 3)
+    groups_before = [dict(g, params=list(g["params"])) for g in opt.param_groups]
+    change(opt, extra)
     before = snapshot(tmp_path)
     values = [p.detach().clone() for p in ps]
     with pytest.raises(ParamsChangedError) as info:
         opt.step()
-    assert "3 now" in str(info.value) and "2 then" in str(info.value)
+    assert says in str(info.value) and "2 then" in str(info.value) and "new optimizer" in str(info.value)
     assert snapshot(tmp_path) == before
     assert all(torch.equal(p, v) for p, v in zip(ps, values)), "a refused step changed parameters"
-    opt.param_groups[0]["params"].pop()
+    opt.param_groups[:] = groups_before  # undo: the optimizer is still usable and exact
     step_both(opt, ref, ps, twin, seed=1)
     assert all(torch.equal(p, q) for p, q in zip(ps, twin))
 

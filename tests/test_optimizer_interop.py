@@ -449,3 +449,24 @@ def test_zero_element_parameter_has_state_like_torch() -> None:
         opt.step()
         ref.step()
         assert sorted(opt.state_dict()["state"]) == sorted(ref.state_dict()["state"])
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_non_contiguous_gradient_is_used_by_value(budget: str) -> None:
+    """A transposed (non-contiguous) gradient counts by its values.
+
+    Note: torch 2.13's fused CPU AdamW reads such a gradient in memory order
+    (it updates with ``grad.t()``), so the reference here gets ``.contiguous()``.
+    """
+    torch.manual_seed(0)
+    w = nn.Parameter(torch.randn(128, 128))
+    r = nn.Parameter(w.detach().clone())
+    ref = torch.optim.AdamW([r], lr=1e-2, fused=True)
+    with tiered([w], budget, lr=1e-2) as opt:
+        for _ in range(3):
+            g = torch.randn(128, 128).t()
+            assert not g.is_contiguous()
+            w.grad, r.grad = g, g.contiguous()
+            opt.step()
+            ref.step()
+    assert torch.equal(w, r)
