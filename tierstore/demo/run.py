@@ -183,6 +183,7 @@ def train(
     shard_numel = pick_shard_numel(budget)
     batches = BatchStream(load_corpus(), context=config.context, batch_size=batch_size, seed=seed)
     params = list(model.parameters())
+    ref_opt = reference_optimizer(list(reference.parameters()))
     opt = TieredAdamW(
         params,
         lr=LR,
@@ -192,7 +193,6 @@ def train(
         shard_numel=shard_numel,
         prefetch_depth=PREFETCH_DEPTH,
     )
-    ref_opt = reference_optimizer(list(reference.parameters()))
     # LR schedules work on TieredAdamW as on any torch optimizer; both follow the same one.
     scheds = [
         torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=steps, eta_min=LR / 10)
