@@ -325,6 +325,20 @@ def test_from_torch_without_params_needs_them_for_stateless_trainable(tmp_path: 
         assert_matches_reference(opt, mine, *ref)
 
 
+def test_tiered_state_dict_with_masters_through_a_checkpoint(tmp_path: Path) -> None:
+    model = Model(dtype=torch.bfloat16)
+    params, frozen = model.params(seed=10)
+    ref = model.reference(params)
+    with TieredAdamW(model.groups(params, frozen), shard_numel=4096) as opt:
+        train(opt, params, range(2), ref=ref)
+        state_dict_to_checkpoint(opt.state_dict(), tmp_path / "ckpt.zarr", shard_numel=1024)
+    fresh = [torch.nn.Parameter(torch.zeros_like(p)) for p in params]
+    with TieredAdamW(model.groups(fresh, frozen), shard_numel=2048) as opt:
+        opt.load_checkpoint(tmp_path / "ckpt.zarr")  # masters restore the bf16 parameters
+        train(opt, fresh, range(2, 4), ref=ref)
+        assert_matches_reference(opt, fresh, *ref)
+
+
 # -- export ---------------------------------------------------------------------
 
 

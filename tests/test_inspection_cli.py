@@ -229,3 +229,17 @@ def test_commands_on_a_directory_without_state(tmp_path: Path, capsys: pytest.Ca
         captured = capsys.readouterr()
         assert "manifest.json is missing" in captured.out + captured.err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("checksum", ["xxh3", "crc32c"])
+def test_verify_checkpoint(state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, checksum: str) -> None:
+    out = tmp_path / "ckpt.zarr"
+    assert main(["export", "--checksum", checksum, str(state_dir), str(out)]) == 0
+    assert main(["verify", str(out)]) == 0
+    assert f"matches its {checksum} checksum" in capsys.readouterr().out
+    _flip(out / "exp_avg_sq" / "c" / "2", 4000)
+    assert main(["verify", str(out)]) == 1
+    assert "error: chunk 2 (elements 2048..3072) of array exp_avg_sq" in capsys.readouterr().out
+    (out / "master_param" / "c" / "0").unlink()
+    assert main(["verify", str(out)]) == 1
+    assert "stores 8 of its 9 chunks" in capsys.readouterr().out

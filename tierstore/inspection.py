@@ -10,7 +10,7 @@ checkpoint; none needs the optimizer, the model or a GPU.
   zarr checkpoint.
 - ``verify DIR`` checks every checksum of the committed copies (errors) and of
   the intact stale copies (warnings) and prints each problem with its shard
-  and file. Exit status: 0 clean, 1 the committed state (or the manifest) is
+  and file; given a zarr checkpoint, it reads and checks every chunk. Exit status: 0 clean, 1 the committed state (or the manifest) is
   bad, 3 only stale copies are damaged (the committed state is intact).
 - ``export DIR OUT.zarr`` streams the committed state into a zarr checkpoint.
 - ``to-torch DIR OUT.pt`` writes a ``torch.optim.AdamW`` state dict (the whole
@@ -42,6 +42,7 @@ from .checkpoint import (
     export_statedir,
     read_checkpoint_attributes,
     statedir_to_state_dict,
+    verify_checkpoint,
 )
 from .errors import CorruptStateError, FormatVersionError
 from .layout import Layout
@@ -250,7 +251,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dir", help="a tierstore state directory")
+    parser.add_argument("dir", help="a tierstore state directory (or a zarr checkpoint)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.epilog = "exit status: 0 clean; 1 the committed state or manifest is corrupt; 3 only stale copies are damaged"
 
@@ -279,8 +280,31 @@ def _bytes_to_check(reader: StateReader) -> int:
     return total
 
 
+def _verify_checkpoint(path: Path, no_progress: bool) -> int:
+    try:
+        info = read_checkpoint_attributes(path)
+    except (CorruptStateError, FormatVersionError) as exc:
+        print(f"error: {exc}")
+        return EXIT_CORRUPT
+    total = info["total_numel"] * 4 * len(info["arrays"])
+    with tqdm(total=total, unit="B", unit_scale=True, desc="verify", disable=True if no_progress else None, file=sys.stderr) as bar:
+        problems = verify_checkpoint(path, progress=bar.update)
+    for problem in problems:
+        print(f"error: {problem}")
+    if problems:
+        print(f"{len(problems)} damaged chunk(s) in {path}; write the checkpoint again")
+        return EXIT_CORRUPT
+    if info.get("checksum") is None:
+        print(f"ok: {path} has every chunk (it was written without checksums, so their bytes cannot be checked)")
+    else:
+        print(f"ok: step {info['step_count']}, every chunk of {len(info['arrays'])} arrays matches its {info['checksum']} checksum")
+    return EXIT_OK
+
+
 def run_verify(args: argparse.Namespace) -> int:
     path = Path(args.dir)
+    if (path / "zarr.json").is_file():
+        return _verify_checkpoint(path, args.no_progress)
     try:
         reader = _ProgressReader(path)
     except (CorruptStateError, FormatVersionError) as exc:
