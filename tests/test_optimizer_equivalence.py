@@ -321,6 +321,7 @@ def test_fp32_bitwise_equal_to_fused_adamw(backend: str, case: Case) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=35)
-@given(case=cases((torch.bfloat16, torch.float32)))
+@given(case=cases((torch.bfloat16, torch.float32, torch.float16)))
 def test_bf16_master_bitwise_equal_to_fp32_fused_adamw(backend: str, case: Case) -> None:
+    # fp16 parameters follow the same rule as bf16 ones (issue 2, point 3).
     run_case(case, backend)

@@ -470,3 +470,18 @@ def test_non_contiguous_gradient_is_used_by_value(budget: str) -> None:
             opt.step()
             ref.step()
     assert torch.equal(w, r)
+
+
+@pytest.mark.parametrize("pin_memory", [None, False, True])
+def test_pinning_falls_back_cleanly_without_cuda(pin_memory, caplog: pytest.LogCaptureFixture) -> None:
+    """These machines have no CUDA: asking to pin must not break anything (a warning at most)."""
+    model, ref_model = two_models()
+    ref = torch.optim.AdamW(ref_model.parameters(), lr=1e-2, fused=True)
+    with caplog.at_level("WARNING", logger="tierstore"), tiered(
+        model.parameters(), "disk", lr=1e-2, pin_memory=pin_memory
+    ) as opt:
+        train(model, opt, range(3))
+    train(ref_model, ref, range(3))
+    assert_same_params(model, ref_model)
+    if not torch.cuda.is_available() and pin_memory is None:
+        assert not [r for r in caplog.records if r.name.startswith("tierstore")], "pinning was attempted"
