@@ -576,6 +576,12 @@ def _check_same_model(ck: _Checkpoint, mine: Layout, n_groups: int) -> None:
                 return f"shape {shape if shape is not None else '(unknown)'} in group {group}{'' if trainable else ', frozen'}"
 
             hint = fix
+            if p.trainable and saved["start"] != p.start and shape == p.shape and saved["group"] == p.group:
+                hint = (
+                    f"Its flat start is {saved['start']} instead of {p.start}: the checkpoint was laid out by "
+                    "a tierstore with other alignment rules; export it to a torch state dict with that "
+                    "version and convert it back with this one"
+                )
             if shape is None:
                 hint = (
                     "It was converted from a torch state dict in which this parameter had no state; "
