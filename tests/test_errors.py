@@ -169,14 +169,7 @@ def test_budget_error_minimum_is_accepted(tmp_path: Path) -> None:
         dict(backend="nvme"),
         dict(ram_budget="12 parsecs"),
         dict(prefetch_depth=0),
-        pytest.param(
-            dict(ram_budget=1),
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="BUG: a ram_budget too small for the arena is detected after the state_dir "
-                "was created and locked: the failed constructor leaves <state_dir>/.lock behind",
-            ),
-        ),
+        dict(ram_budget=1),
     ],
     ids=["lr", "backend", "ram_budget", "prefetch_depth", "budget_too_small"],
 )
@@ -191,11 +184,6 @@ def test_resume_without_state_dir() -> None:
         build(resume=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: durable=True without a state_dir fails late with ConfigError('a store with state on "
-    "disk needs a directory'), which names neither durable=True nor the fix (pass state_dir=...)",
-)
 def test_durable_without_state_dir_names_the_fix() -> None:
     with pytest.raises(ConfigError) as info:
         build(durable=True)

@@ -418,11 +418,6 @@ def test_close_twice_and_use_after_close(budget: str, tmp_path: Path) -> None:
         tiered([nn.Parameter(torch.randn(50_000))], budget, state_dir=tmp_path / "state")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: close() with a state_dir, durable=False and every shard resident raises "
-    "AssertionError in ShardStore._write_from (flush_resident without an open state file)",
-)
 @pytest.mark.parametrize("budget", [None, "64MiB"])
 def test_nondurable_state_dir_all_resident_closes(tmp_path: Path, budget) -> None:
     w = nn.Parameter(torch.randn(1000))
@@ -434,11 +429,6 @@ def test_nondurable_state_dir_all_resident_closes(tmp_path: Path, budget) -> Non
         assert again.step_count == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a zero-element parameter that gets a gradient has an entry in torch.optim.AdamW's "
-    "state_dict (step, empty moments) but none in TieredAdamW's, so the structures differ",
-)
 def test_zero_element_parameter_has_state_like_torch() -> None:
     w, empty = nn.Parameter(torch.randn(5)), nn.Parameter(torch.zeros(0, 3))
     rw, rempty = nn.Parameter(w.detach().clone()), nn.Parameter(empty.detach().clone())

@@ -13,7 +13,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 
-import pytest
 import torch
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
@@ -246,11 +245,6 @@ StoreMachine.TestCase.settings = settings(
 TestStoreMachine = StoreMachine.TestCase
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: ShardStore.flush_resident() with durable=False and every shard resident "
-    "(no state file opened) fails with AssertionError (self.io is None) instead of writing them",
-)
 def test_flush_resident_without_files(tmp_path) -> None:
     layout = Layout.build([[torch.zeros(100, requires_grad=True)]], shard_numel=1024, fields=("exp_avg",))
     plan = plan_tiers(layout, ram_budget=None, arena_slots=3)

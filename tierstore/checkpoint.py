@@ -576,7 +576,8 @@ def _check_same_model(ck: _Checkpoint, mine: Layout, n_groups: int) -> None:
                 return f"shape {shape if shape is not None else '(unknown)'} in group {group}{'' if trainable else ', frozen'}"
 
             hint = fix
-            if p.trainable and saved["start"] != p.start and shape == p.shape and saved["group"] == p.group:
+            same_kind = bool(saved["trainable"]) == p.trainable and shape == p.shape and saved["group"] == p.group
+            if same_kind and p.trainable and saved["start"] != p.start:
                 hint = (
                     f"Its flat start is {saved['start']} instead of {p.start}: the checkpoint was laid out by "
                     "a tierstore with other alignment rules; export it to a torch state dict with that "

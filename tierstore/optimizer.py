@@ -233,6 +233,11 @@ class TieredAdamW(torch.optim.Optimizer):
             raise ConfigError(f"backend={backend!r} must be a string such as 'auto', 'direct' or 'mmap'")
         if backend not in ("auto", "direct", "buffered", "mmap"):
             raise ConfigError(f"backend={backend!r} is unknown; choose 'auto', 'direct', 'buffered' or 'mmap'")
+        if durable and state_dir is None:
+            raise ConfigError(
+                "durable=True needs a state_dir to keep the committed state in; pass "
+                "state_dir=... (or leave durable=None)"
+            )
         if resume and state_dir is None:
             raise ConfigError("resume=True needs the state_dir to resume from; pass state_dir=...")
         defaults = dict(
@@ -264,7 +269,7 @@ class TieredAdamW(torch.optim.Optimizer):
             self._build_layout(shard_numel, keep_master, saved)
             self._open_store(pin_memory, saved, restore_params)
         except BaseException:
-            self._release()
+            self._release(discard=True)
             raise
         self._closed = False
 
@@ -584,12 +589,15 @@ class TieredAdamW(torch.optim.Optimizer):
                 continue
             if not entry.trainable:
                 if entry.numel == 0:
-                    continue
-                raise ParamsChangedError(
-                    f"parameter {i} (shape {entry.shape}) was frozen (requires_grad=False) when the "
-                    "optimizer was built but now has a gradient; build the optimizer after unfreezing, "
-                    "or set its .grad to None"
-                )
+                    if not p.requires_grad:
+                        continue
+                    # An empty parameter holds no state but, as in torch, counts its steps.
+                else:
+                    raise ParamsChangedError(
+                        f"parameter {i} (shape {entry.shape}) was frozen (requires_grad=False) when the "
+                        "optimizer was built but now has a gradient; build the optimizer after unfreezing, "
+                        "or set its .grad to None"
+                    )
             local = _local(p)
             if tuple(local.shape) != entry.shape or str(p.dtype).removeprefix("torch.") != entry.dtype:
                 raise ParamsChangedError(
@@ -728,7 +736,8 @@ class TieredAdamW(torch.optim.Optimizer):
         wanted: dict[int, dict[str, Tensor]] = {}
         for i, p in enumerate(self._params):
             st = self.state.get(p)
-            if not st or "step" not in st or not self._layout.params[i].trainable:
+            meta = self._layout.params[i]
+            if not st or "step" not in st or (not meta.trainable and meta.numel > 0):
                 continue
             entry = {"step": st["step"].clone()}
             amsgrad = self.param_groups[self._layout.params[i].group]["amsgrad"]
@@ -816,7 +825,7 @@ class TieredAdamW(torch.optim.Optimizer):
                 raise ValueError(f"loaded state refers to parameter id {pid!r}, which no param group lists")
             i = id_map[pid]
             meta = self._layout.params[i]
-            if not meta.trainable:
+            if not meta.trainable and meta.numel > 0:
                 continue
             for key in (*STATE_KEYS, MASTER_KEY):
                 if key in entry and entry[key].numel() != meta.numel:
@@ -1002,7 +1011,7 @@ class TieredAdamW(torch.optim.Optimizer):
         store.commit(self._step_count)
         statedir.write_manifest(self._manifest(clean=True))
 
-    def _release(self) -> None:
+    def _release(self, *, discard: bool = False) -> None:
         if getattr(self, "_cuda", False) and any(e is not None for e in getattr(self, "_cuda_events", [])):
             for e in self._cuda_events:
                 if e is not None:
@@ -1012,7 +1021,7 @@ class TieredAdamW(torch.optim.Optimizer):
             store.close()
         statedir, self._statedir = self._statedir, None
         if statedir is not None:
-            statedir.close()
+            statedir.close(discard=discard)
 
     def __enter__(self) -> TieredAdamW:
         return self

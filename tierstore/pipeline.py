@@ -137,11 +137,11 @@ class ShardPipeline:
         in_flight: set[int] = set()
         resident_writes: list[ShardTransfer] = []  # durable stores persist resident shards too
 
-        def take_slot() -> int | None:
+        def take_slot(block: bool) -> int | None:
             for k in range(n_slots):
                 if k not in ready and k not in in_flight and all(k != w for w, _ in writing):
                     return k
-            if writing:
+            if writing and (block or writing[0][1].done()):
                 k, transfer = writing.popleft()
                 t0 = time.perf_counter()
                 transfer.wait()
@@ -149,9 +149,10 @@ class ShardPipeline:
                 return k
             return None
 
-        def issue_reads() -> None:
+        def issue_reads(block: bool = True) -> None:
+            """Start reads up to the depth; ``block=False`` never waits for a write to free a slot."""
             while misses and len(reading) < self.depth:
-                k = take_slot()
+                k = take_slot(block)
                 if k is None:
                     return
                 shard = misses.popleft()
@@ -200,7 +201,7 @@ class ShardPipeline:
                     stats.read_wait += time.perf_counter() - t0
                 in_flight.discard(k)
                 ready.add(k)
-                issue_reads()  # keep the queue full while this shard is updated
+                issue_reads(block=False)  # keep the queue full, but never delay a ready shard
                 visit(shard, store.slot_buffer(k, store.entries[shard].nbytes))
                 ready.discard(k)
                 finish_slot(shard, k)

@@ -79,6 +79,8 @@ class StateDir:
         if self.path is None:
             self.path = Path(tempfile.mkdtemp(prefix="tierstore-"))
         path = self.path
+        self._created_dir = not path.exists()
+        self._created_lock = not (path / LOCK).exists()
         try:
             path.mkdir(parents=True, exist_ok=True)
         except FileExistsError:
@@ -176,9 +178,19 @@ class StateDir:
         """True if a step may have been interrupted while overwriting stale copies."""
         return self.file(INFLIGHT).exists()
 
-    def close(self) -> None:
-        """Release the lock; remove the directory if it was private. Safe twice."""
+    def close(self, *, discard: bool = False) -> None:
+        """Release the lock; remove the directory if it was private. Safe twice.
+
+        ``discard=True`` (a failed start) also removes the lock file and the
+        directory if this object created them and nothing else was put there.
+        """
         fd, self._lock_fd = self._lock_fd, None
+        if discard and fd is not None and self.path is not None and not self.private:
+            if getattr(self, "_created_lock", False):
+                (self.path / LOCK).unlink(missing_ok=True)
+            if getattr(self, "_created_dir", False):
+                with contextlib.suppress(OSError):
+                    self.path.rmdir()  # only if empty
         if fd is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_UN)

@@ -235,7 +235,7 @@ class ShardStore:
                 self._created.append(path)
             self.files.append(open_backend(self.backend_name, path, self.file_nbytes, create=not must_exist))
         for entry in self.entries:
-            if self.persisted(entry.index):
+            if self.persisted(entry.index) or not self.persists_anything:
                 for f in self.files[: self.copies]:
                     f.allocate(entry.offset, entry.nbytes)
         self.io = IOQueue(workers=self.io_workers, request_bytes=self.request_bytes)
@@ -400,6 +400,9 @@ class ShardStore:
 
     def flush_resident(self) -> None:
         """Write every resident shard to disk (a non-durable store's clean close)."""
+        self._require_open()
+        if self.io is None:  # everything was resident: no file was needed until now
+            self._open_files(resume=False)
         transfers = [self.write_resident(e.index) for e in self.entries if e.tier == "ram"]
         for t in transfers:
             t.wait()
