@@ -174,23 +174,10 @@ def ram_budget(case: Case, probe: TieredAdamW) -> int | None:
     return arena + int(case.fraction * plan.state_nbytes)
 
 
-def storage(case: Case) -> str:
-    """The case's storage, steered around a known bug.
-
-    BUG (test_optimizer_interop.py::test_nondurable_state_dir_all_resident_closes): with
-    ``durable=False``, a state_dir and every shard resident, ``close()`` fails.
-    Non-durable storage is therefore only drawn with the arena-only budget,
-    which always streams.
-    """
-    if case.storage == "nondurable" and case.budget != "arena":
-        return "durable"
-    return case.storage
-
-
 def build(
     case: Case, backend: str, params: list[list[torch.nn.Parameter]], budget: int | None, state_dir: str | None
 ) -> TieredAdamW:
-    durable = None if state_dir is None else storage(case) == "durable"
+    durable = None if state_dir is None else case.storage == "durable"
     return TieredAdamW(
         group_dicts(case, params),
         state_dir=state_dir,
@@ -222,7 +209,7 @@ def run_case(case: Case, backend: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
 
         def fresh(run: str) -> TieredAdamW:
-            state_dir = None if storage(case) == "private" else f"{tmp}/{run}"
+            state_dir = None if case.storage == "private" else f"{tmp}/{run}"
             return build(case, backend, params, budget, state_dir)
 
         opt = fresh("first")

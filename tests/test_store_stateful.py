@@ -211,9 +211,6 @@ class StoreMachine(RuleBasedStateMachine):
         self.store.abort()
         self.pipeline.invalidate()  # the slots hold the aborted bytes
 
-    # BUG (test_flush_resident_without_files below): a non-durable store with every
-    # shard resident has no files, and flush_resident fails; reopen only stores with files.
-    @precondition(lambda self: self.store is not None and (self.durable or bool(self.store.files)))
     @rule(budget=st.sampled_from(("arena", "partial", "none")), fraction=st.floats(0, 1))
     def close_and_reopen(self, budget, fraction):
         """State survives close and reopen, even when the new budget moves shards between tiers."""
