@@ -657,10 +657,10 @@ def load_checkpoint(opt: TieredAdamW, path: str | os.PathLike) -> None:
     masters = set()
     if "master" in ck.arrays:
         masters = {i for i, (p, given) in enumerate(zip(layout.params, ck.has_master)) if p.trainable and given}
-    # _replace_shards commits with the optimizer's step_count, so it is set first;
-    # a failed load leaves the optimizer refusing use (its state is half-replaced).
-    opt._step_count = ck.step_count
-    opt._replace_shards(fill, param_steps=steps, groups=ck.param_groups, masters_given=masters)
+    # A failed load leaves the optimizer refusing use (its state is half-replaced).
+    opt._replace_shards(
+        fill, param_steps=steps, groups=ck.param_groups, masters_given=masters, step_count=ck.step_count
+    )
     log.info("loaded checkpoint %s (step %d)", ck.path, ck.step_count)
 
 

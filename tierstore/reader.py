@@ -65,7 +65,8 @@ class StateReader:
     Raises
     ------
     CorruptStateError
-        If the manifest is missing or corrupt, or the state was left dirty.
+        If the manifest is missing or corrupt. A state left dirty by a
+        ``durable=False`` run is readable but unreliable: check :attr:`clean`.
     FormatVersionError
         If the manifest was written by another format version.
     """
@@ -76,6 +77,9 @@ class StateReader:
         self.layout: Layout = manifest_mod.saved_layout(self.manifest, str(self.path))
         self.clean = bool(self.manifest.get("clean", True))
         self.records: list[dict] = self.manifest["shards"]
+        self._offsets = [0]
+        for shard in self.layout.shards:
+            self._offsets.append(self._offsets[-1] + self.layout.shard_nbytes(shard))
         self._fds: dict[int, int] = {}
         self._buffer: HostBuffer | None = None
 
@@ -114,7 +118,7 @@ class StateReader:
         return self._fds[copy]
 
     def _offset(self, index: int) -> int:
-        return sum(self.layout.shard_nbytes(s) for s in self.layout.shards[:index])
+        return self._offsets[index]
 
     def _read(self, index: int, copy: int) -> tuple[torch.Tensor, str, int, int]:
         nbytes = self.layout.shard_nbytes(index)
