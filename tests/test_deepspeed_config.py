@@ -1,0 +1,279 @@
+"""``from_deepspeed_config``: the DeepSpeed keys users have, mapped to TieredAdamW, and the ones refused.
+
+A table of configs with the keyword arguments each must map to, a table of
+bad configs with the error each must raise, the ``ratio`` -> ``ram_budget``
+arithmetic checked against the optimizer's own tier plan, and a run built
+from a DeepSpeed config that is bitwise equal to ``torch.optim.AdamW``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from tierstore import ConfigError, TieredAdamW
+from tierstore.deepspeed_config import (
+    DEFAULT_SHARD_NUMEL,
+    deepspeed_kwargs,
+    from_deepspeed_config,
+    map_deepspeed_config,
+    ram_budget_for_ratio,
+)
+
+
+def zero(offload: dict[str, Any] | None = None, stage: int = 2, **more: Any) -> dict[str, Any]:
+    section: dict[str, Any] = {"stage": stage, **more}
+    if offload is not None:
+        section["offload_optimizer"] = offload
+    return {"zero_optimization": section}
+
+
+def adam(kind: str = "AdamW", **params: Any) -> dict[str, Any]:
+    return {"optimizer": {"type": kind, "params": params}}
+
+
+# config -> (TieredAdamW keyword arguments, offload ratio, keys accepted without effect)
+MAPPINGS: list[tuple[str, dict[str, Any], dict[str, Any], float | None, tuple[str, ...]]] = [
+    ("empty config: torch AdamW's defaults", {}, {}, None, ()),
+    (
+        "AdamW with every param",
+        adam("AdamW", lr=3e-4, betas=[0.8, 0.95], eps=1e-6, weight_decay=0.1, amsgrad=True),
+        {"lr": 3e-4, "betas": (0.8, 0.95), "eps": 1e-6, "weight_decay": 0.1, "amsgrad": True},
+        None,
+        (),
+    ),
+    ("type is case-insensitive", adam("adamw", lr=1e-3), {"lr": 1e-3, "weight_decay": 0.0}, None, ()),
+    (
+        "Adam: adam_w_mode defaults to true, so weight decay is decoupled (AdamW)",
+        adam("Adam", lr=1e-3, weight_decay=0.01),
+        {"lr": 1e-3, "weight_decay": 0.01},
+        None,
+        (),
+    ),
+    (
+        "Adam in L2 mode is fine without weight decay (the same maths)",
+        adam("Adam", lr=1e-3, adam_w_mode=False),
+        {"lr": 1e-3, "weight_decay": 0.0},
+        None,
+        (),
+    ),
+    ("weight_decay absent: DeepSpeed's default 0", adam("AdamW", lr=1e-3), {"lr": 1e-3, "weight_decay": 0.0}, None, ()),
+    (
+        "torch_adam: torch AdamW's default weight decay",
+        adam("AdamW", torch_adam=True),
+        {"weight_decay": 0.01},
+        None,
+        (),
+    ),
+    (
+        "AdamW ignores adam_w_mode, as DeepSpeed does",
+        adam("AdamW", adam_w_mode=False, weight_decay=0.1, bias_correction=True, fp32_optimizer_states=True),
+        {"weight_decay": 0.1},
+        None,
+        (),
+    ),
+    ("stage without offload: all state in RAM", zero(None, stage=3), {}, None, ()),
+    ("device none", zero({"device": "none"}), {}, None, ()),
+    (
+        "device cpu: all in RAM; nvme_path has no use",
+        zero({"device": "cpu", "pin_memory": True, "nvme_path": "/nvme"}),
+        {"pin_memory": True},
+        None,
+        ("zero_optimization.offload_optimizer.nvme_path",),
+    ),
+    ("deprecated cpu_offload", zero(None, cpu_offload=True), {}, None, ()),
+    (
+        "device nvme: state_dir, prefetch, pin, shard size; ratio defaults to 1 (all offloaded)",
+        zero({"device": "nvme", "nvme_path": "/nvme", "buffer_count": 5, "pin_memory": False, "buffer_size": 1e6}),
+        {"state_dir": "/nvme", "prefetch_depth": 5, "pin_memory": False, "shard_numel": 1_000_000},
+        1.0,
+        (),
+    ),
+    (
+        "nvme with a ratio and speed-only knobs",
+        zero(
+            {"device": "nvme", "nvme_path": "/nvme", "ratio": 0.25, "fast_init": True, "pipeline_read": True,
+             "pipeline_write": False},
+            stage=3,
+            overlap_comm=True,
+            reduce_bucket_size=5e8,
+        ),
+        {"state_dir": "/nvme"},
+        0.25,
+        (
+            "zero_optimization.overlap_comm",
+            "zero_optimization.reduce_bucket_size",
+            "zero_optimization.offload_optimizer.pipeline_read",
+            "zero_optimization.offload_optimizer.pipeline_write",
+            "zero_optimization.offload_optimizer.fast_init",
+        ),
+    ),
+    (
+        "offload_param with device none is fine",
+        {**adam(lr=1e-3), **zero({"device": "cpu"}, stage=3, offload_param={"device": "none"})},
+        {"lr": 1e-3, "weight_decay": 0.0},
+        None,
+        (),
+    ),
+    (
+        "top-level keys outside the optimizer's sections are not read",
+        {"train_batch_size": 32, "bf16": {"enabled": True}, "scheduler": {"type": "WarmupLR"}, "aio": {}},
+        {},
+        None,
+        (),
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "config", "kwargs", "ratio", "ignored"), MAPPINGS, ids=[m[0] for m in MAPPINGS])
+def test_mapping_table(name: str, config: dict, kwargs: dict, ratio: float | None, ignored: tuple[str, ...]) -> None:
+    mapping = map_deepspeed_config(config)
+    assert mapping.kwargs == kwargs
+    assert mapping.offload_ratio == ratio
+    assert set(mapping.ignored) == set(ignored)
+
+
+# (config, overrides, fragments the message must contain)
+BAD: list[tuple[str, Any, dict[str, Any], tuple[str, ...]]] = [
+    ("not a dict", 42, {}, ("config=42", "dict or the path")),
+    ("missing file", "/nonexistent/ds.json", {}, ("cannot read", "/nonexistent/ds.json")),
+    ("optimizer type", adam("Lamb"), {}, ("optimizer.type='Lamb'", "Adam/AdamW")),
+    ("optimizer type OneBitAdam", adam("OneBitAdam"), {}, ("OneBitAdam",)),
+    ("optimizer type not a string", {"optimizer": {"type": 3}}, {}, ("optimizer.type=3",)),
+    ("unknown optimizer key", {"optimizer": {"type": "AdamW", "param": {}}}, {}, ("unknown keys", "'param'")),
+    ("unknown optimizer param", adam(lr=1e-3, momentum=0.9), {}, ("momentum", "cannot honour")),
+    ("params not an object", {"optimizer": {"type": "AdamW", "params": [1]}}, {}, ("optimizer.params=[1]", "JSON object")),
+    ("L2 weight decay", adam("Adam", adam_w_mode=False, weight_decay=0.01), {}, ("adam_w_mode=false", "L2", "weight_decay=0.01")),
+    ("L2 weight decay from an override", adam("Adam", adam_w_mode=False), {"weight_decay": 0.1}, ("L2",)),
+    ("no bias correction", adam(bias_correction=False), {}, ("bias_correction=false", "Remove the key")),
+    ("low-precision moments", adam(fp32_optimizer_states=False), {}, ("fp32_optimizer_states=false",)),
+    ("lr auto", adam(lr="auto"), {}, ("lr='auto'", "Hugging Face", "lr=...")),
+    ("lr a string", adam(lr="1e-3"), {}, ("lr='1e-3'", "must be a number")),
+    ("betas single", adam(betas=[0.9]), {}, ("betas=[0.9]", "pair")),
+    ("betas auto", adam(betas=["auto", 0.99]), {}, ("betas[0]='auto'",)),
+    ("amsgrad not a bool", adam(amsgrad="yes"), {}, ("amsgrad='yes'", "true or false")),
+    ("zero not an object", {"zero_optimization": 2}, {}, ("zero_optimization=2", "JSON object")),
+    ("stage 4", zero(None, stage=4), {}, ("stage=4",)),
+    ("stage negative", zero(None, stage=-1), {}, ("stage=-1", ">= 0")),
+    ("offload under stage 0", zero({"device": "cpu"}, stage=0), {}, ("stage=0", "stage 1, 2 or 3")),
+    ("offload params", zero({"device": "cpu"}, stage=3, offload_param={"device": "cpu"}), {}, ("offload_param", "optimizer state only")),
+    ("deprecated param offload", zero(None, stage=3, cpu_offload_params=True), {}, ("offload_param",)),
+    ("unknown offload key", zero({"device": "nvme", "nvme_path": "/x", "max_in_cpu": 1e9}), {}, ("max_in_cpu", "does not know")),
+    ("device hpu", zero({"device": "hpu"}), {}, ("device='hpu'", "'nvme'")),
+    ("nvme without a path", zero({"device": "nvme"}), {}, ("nvme_path", "None")),
+    ("ratio above 1", zero({"device": "nvme", "nvme_path": "/x", "ratio": 1.5}), {}, ("ratio=1.5", "[0, 1]")),
+    ("ratio with cpu keeps state on the GPU", zero({"device": "cpu", "ratio": 0.3}, stage=3), {}, ("ratio=0.3", "on the GPU")),
+    ("buffer_count 0", zero({"device": "nvme", "nvme_path": "/x", "buffer_count": 0}), {}, ("buffer_count=0", ">= 1")),
+    ("buffer_size fractional", zero({"device": "nvme", "nvme_path": "/x", "buffer_size": 10.5}), {}, ("buffer_size=10.5",)),
+    ("pin_memory a string", zero({"device": "cpu", "pin_memory": "true"}), {}, ("pin_memory='true'",)),
+    ("unknown override", {}, {"learning_rate": 1e-3}, ("learning_rate", "not TieredAdamW arguments")),
+    ("a bad value reaches TieredAdamW's own check", adam(lr=-1.0), {}, ("Invalid learning rate: -1.0",)),
+]
+
+
+@pytest.mark.parametrize(("name", "config", "overrides", "fragments"), BAD, ids=[b[0] for b in BAD])
+def test_bad_configs_raise_config_error(name: str, config: Any, overrides: dict, fragments: tuple[str, ...]) -> None:
+    w = nn.Parameter(torch.ones(4))
+    with pytest.raises(ConfigError) as info:
+        from_deepspeed_config([w], config, **overrides).close()
+    for fragment in fragments:
+        assert fragment in str(info.value), (fragment, str(info.value))
+
+
+def test_bad_json_file(tmp_path: Path) -> None:
+    broken = tmp_path / "ds.json"
+    broken.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        map_deepspeed_config(broken)
+    broken.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="holds a list"):
+        map_deepspeed_config(str(broken))
+
+
+def test_json_file_and_overrides(tmp_path: Path) -> None:
+    """A JSON path works like the dict; overrides win, and fill in Hugging Face's "auto" values."""
+    config = {**adam("AdamW", lr="auto", weight_decay="auto", betas=[0.9, 0.95]), **zero({"device": "cpu"})}
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    w = nn.Parameter(torch.ones(4))
+    with from_deepspeed_config([w], path, lr=0.5, weight_decay=0.0, eps=1e-6) as opt:
+        group = opt.param_groups[0]
+        assert (group["lr"], group["weight_decay"], group["eps"], group["betas"]) == (0.5, 0.0, 1e-6, (0.9, 0.95))
+        assert opt.state_dir is None and opt.disk_bytes == 0
+
+
+def model_and_batches(seed: int = 0) -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(32, 128), nn.Tanh(), nn.Linear(128, 16))
+    gen = torch.Generator().manual_seed(seed + 1)
+    batches = [(torch.randn(8, 32, generator=gen), torch.randn(8, 16, generator=gen)) for _ in range(4)]
+    return model, batches
+
+
+def train(model: nn.Module, opt: torch.optim.Optimizer, batches: list) -> None:
+    for x, y in batches:
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("ratio", [1.0, 0.5, 0.0])
+def test_nvme_ratio_sets_the_share_on_disk(tmp_path: Path, ratio: float) -> None:
+    """ratio = fraction of the state on disk (DeepSpeed's fraction offloaded); results stay bitwise equal."""
+    model, batches = model_and_batches()
+    ref_model, _ = model_and_batches()
+    config = {
+        **adam("Adam", lr=1e-2, betas=[0.9, 0.99], eps=1e-7, weight_decay=0.05),
+        **zero({"device": "nvme", "nvme_path": str(tmp_path / "nvme"), "ratio": ratio, "buffer_count": 1,
+                "buffer_size": 1024}),
+    }
+    with from_deepspeed_config(model.parameters(), config) as opt:
+        plan = opt.plan
+        on_disk = plan.disk_nbytes / plan.state_nbytes
+        shard = opt.layout.shard_nbytes(0)
+        assert abs(on_disk - ratio) <= shard / plan.state_nbytes  # whole shards
+        assert opt.state_dir is not None and opt.state_dir.startswith(str(tmp_path / "nvme"))
+        assert plan.arena_slots in (0, 3)  # buffer_count 1 -> prefetch_depth 1 -> 3 slots
+        train(model, opt, batches)
+    ref = torch.optim.AdamW(ref_model.parameters(), lr=1e-2, betas=(0.9, 0.99), eps=1e-7, weight_decay=0.05, fused=True)
+    train(ref_model, ref, batches)
+    for a, b in zip(model.parameters(), ref_model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_ram_budget_for_ratio_matches_the_optimizer_plan() -> None:
+    """The layout it builds is the optimizer's (fields for bf16 masters and amsgrad, staging, arena)."""
+    torch.manual_seed(0)
+    w = nn.Parameter(torch.randn(40 * 1024, dtype=torch.bfloat16))
+    b = nn.Parameter(torch.randn(3000, dtype=torch.bfloat16))
+    groups = [{"params": iter([w])}, {"params": b, "amsgrad": True}]  # a generator and a bare tensor
+    budget = ram_budget_for_ratio(groups, 0.75, shard_numel=4096, prefetch_depth=2)
+    groups = [{"params": [w]}, {"params": [b], "amsgrad": True}]
+    with TieredAdamW(groups, ram_budget=budget, shard_numel=4096, prefetch_depth=2, amsgrad=True) as opt:
+        plan = opt.plan
+        assert set(opt.layout.fields) == {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master"}
+        assert plan.staging_nbytes > 0
+        assert plan.ram_nbytes <= budget < plan.ram_nbytes + opt.layout.shard_nbytes(0)
+        assert abs(plan.disk_nbytes / plan.state_nbytes - 0.75) <= opt.layout.shard_nbytes(0) / plan.state_nbytes
+
+
+def test_default_shard_size_and_budget_override(tmp_path: Path) -> None:
+    """nvme without buffer_size fixes the shard size the budget was computed for; ram_budget overrides win."""
+    w = nn.Parameter(torch.zeros(8))
+    config = zero({"device": "nvme", "nvme_path": str(tmp_path)})
+    kwargs, mapping = deepspeed_kwargs([w], config)
+    assert kwargs["shard_numel"] == DEFAULT_SHARD_NUMEL and isinstance(kwargs["ram_budget"], int)
+    assert mapping.offload_ratio == 1.0
+    kwargs, _ = deepspeed_kwargs([w], config, ram_budget="1GiB", resume=True)
+    assert kwargs["ram_budget"] == "1GiB" and kwargs["resume"] is True and kwargs["state_dir"] == str(tmp_path)
+
+
+@pytest.mark.parametrize("ratio", [-0.1, 1.1, True, "half"])
+def test_ram_budget_for_ratio_rejects_bad_ratios(ratio: Any) -> None:
+    with pytest.raises(ConfigError, match="ratio="):
+        ram_budget_for_ratio([nn.Parameter(torch.zeros(4))], ratio)

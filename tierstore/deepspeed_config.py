@@ -1,0 +1,455 @@
+"""Build a :class:`~tierstore.TieredAdamW` from the DeepSpeed config a user already has.
+
+Only two sections of a DeepSpeed config concern the optimizer, and only they
+are read: ``optimizer`` (``type`` and ``params``) and ``zero_optimization``
+(``stage``, ``offload_optimizer``, ``offload_param``). Everything else
+(batch sizes, ``fp16``/``bf16``, ``scheduler``, ``aio``, ...) belongs to the
+training loop and is ignored.
+
+The rule for every key read: a key that changes the maths or where memory
+goes is honoured or rejected with :class:`~tierstore.errors.ConfigError`; a
+key that only tunes speed (``pipeline_read``, ``fast_init``, communication
+buckets) is accepted and has no effect, and is listed in
+:attr:`DeepSpeedMapping.ignored`.
+
+=====================================================  =====================================================
+DeepSpeed key                                          TieredAdamW
+=====================================================  =====================================================
+``optimizer.type`` ``"AdamW"``                         AdamW (decoupled weight decay)
+``optimizer.type`` ``"Adam"``                          AdamW: DeepSpeed's ``adam_w_mode`` defaults to true,
+                                                       i.e. decoupled decay; ``adam_w_mode: false`` (L2
+                                                       decay) is rejected unless ``weight_decay`` is 0
+``optimizer.params.lr/betas/eps/amsgrad``              ``lr``/``betas``/``eps``/``amsgrad``
+``optimizer.params.weight_decay``                      ``weight_decay``; absent: 0.0, DeepSpeed's default
+                                                       (0.01 with ``torch_adam: true``, torch's default)
+``offload_optimizer.device`` ``"none"``/``"cpu"``      all state in RAM (``ram_budget=None``)
+``offload_optimizer.device`` ``"nvme"``                state in files under ``nvme_path``
+``offload_optimizer.nvme_path``                        ``state_dir`` (per rank: ``state_dir/rank{N}``)
+``offload_optimizer.ratio`` (nvme)                     the fraction of the state on disk, as in DeepSpeed
+                                                       (fraction offloaded, default 1.0): ``ram_budget``
+                                                       = arena + staging + ``(1 - ratio)`` x state bytes
+``offload_optimizer.buffer_count``                     ``prefetch_depth``
+``offload_optimizer.buffer_size`` (elements)           ``shard_numel`` (a slot is tierstore's swap buffer)
+``offload_optimizer.pin_memory``                       ``pin_memory``
+=====================================================  =====================================================
+
+Example
+-------
+>>> import torch
+>>> model = torch.nn.Linear(8, 8)
+>>> config = {"optimizer": {"type": "Adam", "params": {"lr": 1e-3, "weight_decay": 0.01}},
+...           "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+>>> with from_deepspeed_config(model.parameters(), config) as opt:
+...     opt.param_groups[0]["lr"], opt.param_groups[0]["weight_decay"], opt.disk_bytes
+(0.001, 0.01, 0)
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .budget import staging_nbytes
+from .errors import ConfigError
+from .layout import FIELD_ORDER, Layout
+from .sizes import format_size
+
+log = logging.getLogger(__name__)
+
+OPTIMIZER_TYPES = ("adam", "adamw")
+DEVICES = ("none", "cpu", "nvme")
+# offload_optimizer keys that only tune DeepSpeed's swapping speed; tierstore always pipelines.
+SPEED_ONLY_OFFLOAD_KEYS = ("pipeline_read", "pipeline_write", "pipeline", "fast_init")
+OFFLOAD_KEYS = ("device", "nvme_path", "pin_memory", "ratio", "buffer_count", "buffer_size", *SPEED_ONLY_OFFLOAD_KEYS)
+PARAM_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "adam_w_mode", "torch_adam", "bias_correction",
+              "fp32_optimizer_states")
+DEFAULT_SHARD_NUMEL = 1 << 22  # 4 Mi elements: TieredAdamW's default for large budgets
+
+
+@dataclass(frozen=True)
+class DeepSpeedMapping:
+    """What a DeepSpeed config asks of the optimizer, as ``TieredAdamW`` keyword arguments.
+
+    Attributes
+    ----------
+    kwargs
+        Keyword arguments for ``TieredAdamW`` (without ``ram_budget`` for nvme
+        offload: that depends on the parameters, see :func:`ram_budget_for_ratio`).
+    offload_ratio
+        Fraction of the state DeepSpeed would offload to NVMe (``None``: all
+        state stays in RAM).
+    ignored
+        Dotted names of keys accepted without effect (speed-only knobs).
+    """
+
+    kwargs: dict[str, Any]
+    offload_ratio: float | None = None
+    ignored: tuple[str, ...] = field(default_factory=tuple)
+
+
+def load_config(config: Mapping[str, Any] | str | Path) -> dict[str, Any]:
+    """Return the config as a dict: given one, or read from a JSON file path.
+
+    Raises
+    ------
+    ConfigError
+        If the file cannot be read or is not a JSON object.
+    """
+    if isinstance(config, Mapping):
+        return dict(config)
+    if not isinstance(config, (str, Path)):
+        raise ConfigError(
+            f"config={config!r} must be a dict or the path of a DeepSpeed JSON file, not a {type(config).__name__}"
+        )
+    path = Path(config)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read the DeepSpeed config {str(path)!r}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"the DeepSpeed config {str(path)!r} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"the DeepSpeed config {str(path)!r} holds a {type(data).__name__}, expected a JSON object")
+    return data
+
+
+def _section(parent: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}{key}={value!r} must be a JSON object")
+    return dict(value)
+
+
+def _number(value: Any, name: str, arg: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        hint = " ('auto' is filled in by Hugging Face's DeepSpeed integration)" if value == "auto" else ""
+        raise ConfigError(
+            f"{name}={value!r} must be a number{hint}; fix the config or pass the value as an "
+            f"override: from_deepspeed_config(params, config, {arg}=...)"
+        )
+    return float(value)
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} must be true or false")
+    return value
+
+
+def _count(value: Any, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
+        raise ConfigError(f"{name}={value!r} must be a whole number >= {minimum}")
+    return int(value)
+
+
+def map_deepspeed_config(
+    config: Mapping[str, Any] | str | Path, *, overrides: Mapping[str, Any] | None = None
+) -> DeepSpeedMapping:
+    """Validate the optimizer part of a DeepSpeed config and translate it (pure; no parameters needed).
+
+    Parameters
+    ----------
+    config
+        A DeepSpeed config dict, or the path of its JSON file.
+    overrides
+        ``TieredAdamW`` arguments the caller sets itself: their DeepSpeed keys
+        are not read (so ``"lr": "auto"`` is fine with ``lr`` given), but the
+        values are still checked against the config (L2 weight decay).
+
+    Raises
+    ------
+    ConfigError
+        For keys tierstore cannot honour (another optimizer type, L2 weight
+        decay, offloading parameters, unknown offload keys, a ZeRO stage that
+        contradicts the offload settings, ...), naming the key and the fix.
+
+    Example
+    -------
+    >>> m = map_deepspeed_config({"optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
+    ...     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
+    ...     "nvme_path": "/nvme", "buffer_count": 3}}})
+    >>> m.kwargs["lr"], m.kwargs["state_dir"], m.kwargs["prefetch_depth"], m.offload_ratio
+    (0.0003, '/nvme', 3, 1.0)
+    """
+    cfg = load_config(config)
+    skip = dict(overrides or {})
+    kwargs: dict[str, Any] = {}
+    ignored: list[str] = []
+    _map_optimizer(_section(cfg, "optimizer", ""), kwargs, skip)
+    ratio = _map_zero(_section(cfg, "zero_optimization", ""), kwargs, ignored)
+    return DeepSpeedMapping(kwargs=kwargs, offload_ratio=ratio, ignored=tuple(ignored))
+
+
+def _map_optimizer(opt: dict[str, Any], kwargs: dict[str, Any], skip: dict[str, Any]) -> None:
+    if not opt:
+        return  # no optimizer section: TieredAdamW's (torch AdamW's) defaults
+    unknown = sorted(set(opt) - {"type", "params"})
+    if unknown:
+        raise ConfigError(f"optimizer has unknown keys {unknown}; tierstore reads optimizer.type and optimizer.params")
+    kind = opt.get("type", "AdamW")
+    if not isinstance(kind, str) or kind.lower() not in OPTIMIZER_TYPES:
+        raise ConfigError(
+            f"optimizer.type={kind!r} is not supported: TieredAdamW implements Adam/AdamW only. "
+            "Use 'AdamW' (or 'Adam'), or keep that optimizer outside tierstore"
+        )
+    params = _section(opt, "params", "optimizer.")
+    unknown = sorted(set(params) - set(PARAM_KEYS))
+    if unknown:
+        raise ConfigError(f"optimizer.params has keys tierstore cannot honour: {unknown}; it knows {list(PARAM_KEYS)}")
+    where = "optimizer.params."
+    adam_w_mode = _flag(params.get("adam_w_mode", True), where + "adam_w_mode")
+    torch_adam = _flag(params.get("torch_adam", False), where + "torch_adam")
+    decoupled = kind.lower() == "adamw" or adam_w_mode  # DeepSpeed's effective_adam_w_mode
+    if "lr" in params and "lr" not in skip:
+        kwargs["lr"] = _number(params["lr"], where + "lr", "lr")
+    if "betas" in params and "betas" not in skip:
+        betas = params["betas"]
+        if not isinstance(betas, (list, tuple)) or len(betas) != 2:
+            raise ConfigError(f"{where}betas={betas!r} must be a pair such as [0.9, 0.999]")
+        kwargs["betas"] = (_number(betas[0], where + "betas[0]", "betas"), _number(betas[1], where + "betas[1]", "betas"))
+    if "eps" in params and "eps" not in skip:
+        kwargs["eps"] = _number(params["eps"], where + "eps", "eps")
+    if "weight_decay" in skip:
+        decay = skip["weight_decay"]
+    else:
+        # DeepSpeed's FusedAdam and DeepSpeedCPUAdam default to 0; torch_adam uses torch's AdamW (0.01).
+        default = 0.01 if torch_adam and decoupled else 0.0
+        decay = kwargs["weight_decay"] = _number(params.get("weight_decay", default), where + "weight_decay", "weight_decay")
+    if not decoupled and decay != 0.0:
+        raise ConfigError(
+            f"optimizer.type={kind!r} with adam_w_mode=false applies weight_decay={decay} as L2 "
+            "regularisation (added to the gradient); TieredAdamW decays weights decoupled (AdamW). "
+            "Set adam_w_mode to true (DeepSpeed's default), use type 'AdamW', or set weight_decay to 0"
+        )
+    if "amsgrad" in params and "amsgrad" not in skip:
+        kwargs["amsgrad"] = _flag(params["amsgrad"], where + "amsgrad")
+    if not _flag(params.get("bias_correction", True), where + "bias_correction"):
+        raise ConfigError(
+            f"{where}bias_correction=false is not supported: TieredAdamW always applies Adam's bias "
+            "correction (as torch.optim.AdamW does). Remove the key"
+        )
+    if not _flag(params.get("fp32_optimizer_states", True), where + "fp32_optimizer_states"):
+        raise ConfigError(
+            f"{where}fp32_optimizer_states=false asks for low-precision moments; TieredAdamW keeps "
+            "them in fp32. Remove the key (fp32 state is what tierstore offloads to RAM and disk)"
+        )
+
+
+def _map_zero(zero: dict[str, Any], kwargs: dict[str, Any], ignored: list[str]) -> float | None:
+    stage = _count(zero.get("stage", 0), "zero_optimization.stage", 0)
+    if stage > 3:
+        raise ConfigError(f"zero_optimization.stage={stage} is unknown; DeepSpeed's stages are 0, 1, 2 and 3")
+    offload = _section(zero, "offload_optimizer", "zero_optimization.")
+    if zero.get("cpu_offload") is True and not offload:
+        offload = {"device": "cpu"}  # DeepSpeed's deprecated spelling of offload_optimizer.device=cpu
+    param_offload = _section(zero, "offload_param", "zero_optimization.")
+    if param_offload.get("device", "none") != "none" or zero.get("cpu_offload_params") is True:
+        raise ConfigError(
+            "zero_optimization.offload_param asks to offload the parameters; tierstore offloads "
+            "optimizer state only. Remove offload_param (or set its device to 'none'): keep the "
+            "parameters on the GPU, or shard them across GPUs with FSDP2"
+        )
+    ignored.extend(
+        f"zero_optimization.{k}"
+        for k in sorted(zero)
+        if k not in ("stage", "offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_params")
+    )
+    unknown = sorted(set(offload) - set(OFFLOAD_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"zero_optimization.offload_optimizer has keys tierstore does not know: {unknown}; "
+            f"it knows {list(OFFLOAD_KEYS)}"
+        )
+    where = "zero_optimization.offload_optimizer."
+    ignored.extend(where + k for k in SPEED_ONLY_OFFLOAD_KEYS if k in offload)
+    device = offload.get("device", "none")
+    if device not in DEVICES:
+        raise ConfigError(f"{where}device={device!r} is not supported; choose one of {list(DEVICES)}")
+    if device != "none" and stage == 0:
+        raise ConfigError(
+            f"{where}device={device!r} with zero_optimization.stage=0: DeepSpeed offloads the "
+            "optimizer only under ZeRO stage 1, 2 or 3. Set the stage you train with, or remove "
+            "offload_optimizer"
+        )
+    if "pin_memory" in offload:
+        kwargs["pin_memory"] = _flag(offload["pin_memory"], where + "pin_memory")
+    if "buffer_count" in offload:
+        kwargs["prefetch_depth"] = _count(offload["buffer_count"], where + "buffer_count", 1)
+    if "buffer_size" in offload:
+        kwargs["shard_numel"] = _count(offload["buffer_size"], where + "buffer_size", 1)
+    ratio = 1.0
+    if "ratio" in offload:
+        ratio = _number(offload["ratio"], where + "ratio", "ram_budget")
+        if not 0.0 <= ratio <= 1.0:
+            raise ConfigError(f"{where}ratio={ratio} must be in [0, 1] (the fraction of the state offloaded)")
+    if device != "nvme":
+        if ratio != 1.0 and device == "cpu":
+            raise ConfigError(
+                f"{where}ratio={ratio} with device 'cpu' asks DeepSpeed to keep {1 - ratio:.0%} of the "
+                "optimizer state on the GPU; TieredAdamW keeps all of it in host RAM. Remove ratio, "
+                "or use device 'nvme' where ratio is the fraction of the state on disk"
+            )
+        if "nvme_path" in offload:
+            ignored.append(where + "nvme_path")
+        return None  # TieredAdamW's default ram_budget=None: all state in RAM
+    path = offload.get("nvme_path")
+    if not isinstance(path, (str, Path)) or not str(path):
+        raise ConfigError(f"{where}device='nvme' needs nvme_path, the directory for the state files; got {path!r}")
+    kwargs["state_dir"] = str(path)
+    return ratio
+
+
+def materialize_params(params: Iterable[Tensor] | Iterable[dict[str, Any]]) -> list[Any]:
+    """``params`` as a list whose groups hold lists, so it can be walked twice (generators cannot)."""
+    params = list(params)
+    if params and isinstance(params[0], Mapping):
+        return [
+            dict(g, params=[g["params"]] if isinstance(g["params"], Tensor) else list(g["params"])) for g in params
+        ]
+    return params
+
+
+def _groups(params: list[Any]) -> list[dict[str, Any]]:
+    if params and isinstance(params[0], Mapping):
+        return params
+    return [{"params": params}]
+
+
+def _local(tensor: Tensor) -> Tensor:
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def ram_budget_for_ratio(
+    params: Iterable[Tensor] | Iterable[dict[str, Any]],
+    ratio: float,
+    *,
+    shard_numel: int = DEFAULT_SHARD_NUMEL,
+    prefetch_depth: int = 2,
+    amsgrad: bool = False,
+    keep_master: bool | None = None,
+) -> int:
+    """The ``ram_budget`` that leaves about ``ratio`` of the state on disk.
+
+    Builds the layout ``TieredAdamW`` will build (the same fields, shard size
+    and arena) and returns arena + staging + ``(1 - ratio)`` of the state's
+    bytes; whole shards stay resident, so the resident part is rounded down
+    to whole shards. When the part on disk would be smaller than the arena,
+    the optimizer keeps everything in RAM (streaming would save nothing).
+
+    Raises
+    ------
+    ConfigError
+        If ``ratio`` is outside [0, 1].
+
+    Example
+    -------
+    >>> w = torch.zeros(16 * 1024, requires_grad=True)
+    >>> ram_budget_for_ratio([w], 0.5, shard_numel=1024, prefetch_depth=1)  # 3 slots + 8 of 16 shards
+    90112
+    """
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
+        raise ConfigError(f"ratio={ratio!r} must be a number in [0, 1] (the fraction of the state on disk)")
+    groups = _groups(materialize_params(params))
+    trainable = [_local(p) for g in groups for p in g["params"] if p.requires_grad]
+    # The same choices TieredAdamW._build_layout makes.
+    master = bool(keep_master) or any(p.dtype != torch.float32 or p.device.type != "cpu" for p in trainable)
+    amsgrad = amsgrad or any(g.get("amsgrad", False) for g in groups)
+    cuda = any(p.device.type == "cuda" for p in trainable)
+    staging = 4 if cuda else (1 if any(p.dtype != torch.float32 for p in trainable) else 0)
+    fields = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ()) + (("master",) if master else ())
+    layout = Layout.build(
+        [[_local(p) if p.requires_grad else p for p in g["params"]] for g in groups],
+        shard_numel=shard_numel,
+        fields=tuple(f for f in FIELD_ORDER if f in fields),
+    )
+    arena = (prefetch_depth + 2) * layout.slot_nbytes
+    return arena + staging_nbytes(layout, staging) + math.floor((1.0 - ratio) * layout.state_nbytes)
+
+
+def _tiered_arguments() -> set[str]:
+    from .optimizer import TieredAdamW
+
+    return {n for n in inspect.signature(TieredAdamW.__init__).parameters if n not in ("self", "params")}
+
+
+def deepspeed_kwargs(
+    params: list[Any], config: Mapping[str, Any] | str | Path, **overrides: Any
+) -> tuple[dict[str, Any], DeepSpeedMapping]:
+    """The ``TieredAdamW`` keyword arguments for ``params`` under a DeepSpeed config, and the mapping.
+
+    ``overrides`` (any ``TieredAdamW`` keyword argument) win over the config.
+
+    Raises
+    ------
+    ConfigError
+        For keys that cannot be honoured, or an override ``TieredAdamW`` does not take.
+    """
+    allowed = _tiered_arguments()
+    unknown = sorted(set(overrides) - allowed)
+    if unknown:
+        raise ConfigError(f"overrides {unknown} are not TieredAdamW arguments; it takes {sorted(allowed)}")
+    mapping = map_deepspeed_config(config, overrides=overrides)
+    kwargs = dict(mapping.kwargs)
+    if mapping.offload_ratio is not None and "ram_budget" not in overrides:
+        # A fixed shard size: the budget below is computed for it (the automatic choice depends on the budget).
+        kwargs.setdefault("shard_numel", DEFAULT_SHARD_NUMEL)
+        shard_numel = overrides.get("shard_numel", kwargs["shard_numel"])
+        budget = ram_budget_for_ratio(
+            params,
+            mapping.offload_ratio,
+            shard_numel=shard_numel,
+            prefetch_depth=overrides.get("prefetch_depth", kwargs.get("prefetch_depth", 2)),
+            amsgrad=bool(overrides.get("amsgrad", kwargs.get("amsgrad", False))),
+            keep_master=overrides.get("keep_master"),
+        )
+        kwargs["ram_budget"] = budget
+        log.info("DeepSpeed ratio=%s -> ram_budget=%s", mapping.offload_ratio, format_size(budget))
+    if mapping.ignored:
+        log.info("DeepSpeed keys accepted without effect (speed or communication only): %s", ", ".join(mapping.ignored))
+    kwargs.update(overrides)
+    return kwargs, mapping
+
+
+def from_deepspeed_config(
+    params: Iterable[Tensor] | Iterable[dict[str, Any]],
+    config: Mapping[str, Any] | str | Path,
+    **overrides: Any,
+):
+    """Build a ``TieredAdamW`` from a DeepSpeed config (a dict or a JSON file path).
+
+    See the module docstring for the mapping table. ``overrides`` are
+    ``TieredAdamW`` keyword arguments that win over the config (for example
+    ``lr=...`` where the config says ``"auto"``, or ``resume=True``).
+
+    Raises
+    ------
+    ConfigError
+        For keys tierstore cannot honour, naming the key and the fix; also
+        whatever ``TieredAdamW`` raises for the mapped values.
+
+    Example
+    -------
+    >>> import torch
+    >>> w = torch.nn.Parameter(torch.ones(4))
+    >>> opt = from_deepspeed_config([w], {"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}})
+    >>> w.grad = torch.ones(4); _ = opt.step(); opt.close()
+    >>> round(w[0].item(), 3)
+    0.9
+    """
+    from .optimizer import TieredAdamW
+
+    params = materialize_params(params)
+    kwargs, _ = deepspeed_kwargs(params, config, **overrides)
+    return TieredAdamW(params, **kwargs)
