@@ -475,3 +475,33 @@ def test_pinning_falls_back_cleanly_without_cuda(pin_memory, caplog: pytest.LogC
     assert_same_params(model, ref_model)
     if not torch.cuda.is_available() and pin_memory is None:
         assert not [r for r in caplog.records if r.name.startswith("tierstore")], "pinning was attempted"
+
+
+@pytest.mark.parametrize(
+    "backend, durable",
+    [
+        ("direct", True),
+        ("direct", False),
+        ("buffered", False),
+        ("mmap", True),
+        pytest.param(
+            "mmap",
+            False,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="BUG: with no trainable parameters, a state_dir, durable=False and backend='mmap', "
+                "close() opens a zero-byte state file, which MmapFile cannot map (CorruptStateError)",
+            ),
+        ),
+    ],
+)
+def test_no_trainable_parameters(backend: str, durable: bool, tmp_path: Path) -> None:
+    """Everything frozen: steps do nothing, the state dict is empty, as with torch AdamW."""
+    w = nn.Parameter(torch.randn(10), requires_grad=False)
+    ref = torch.optim.AdamW([nn.Parameter(w.detach().clone(), requires_grad=False)], fused=True)
+    before = w.detach().clone()
+    with TieredAdamW([w], state_dir=tmp_path / "state", durable=durable, backend=backend) as opt:
+        opt.step()
+        ref.step()
+        assert opt.state_dict()["state"] == ref.state_dict()["state"] == {}
+    assert torch.equal(w, before)

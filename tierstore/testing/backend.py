@@ -284,6 +284,15 @@ class BackendTests:
         src.close()
         out.close()
 
+    def test_empty_file(self, path: Path) -> None:
+        """A store without shards opens a zero-byte file: that must work like any other."""
+        with self.open_file(path, 0, create=True) as f:
+            f.allocate(0, 0)
+            f.sync()
+        with self.open_file(path, 0, create=False) as f:
+            assert f.nbytes == 0
+        assert path.stat().st_size == 0
+
     def test_close_twice(self, shard_file: ShardFile) -> None:
         shard_file.close()
         shard_file.close()
