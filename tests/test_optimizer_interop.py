@@ -505,3 +505,20 @@ def test_no_trainable_parameters(backend: str, durable: bool, tmp_path: Path) ->
         ref.step()
         assert opt.state_dict()["state"] == ref.state_dict()["state"] == {}
     assert torch.equal(w, before)
+
+
+@pytest.mark.parametrize("update_threads", [None, 1, 2])
+def test_update_threads_never_change_results(update_threads) -> None:
+    """A tuning knob: any thread count gives torch's bits, and torch's own setting is restored."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model, ref_model = two_models()
+        ref = torch.optim.AdamW(ref_model.parameters(), lr=1e-2, fused=True)
+        with tiered(model.parameters(), "disk", lr=1e-2, update_threads=update_threads) as opt:
+            train(model, opt, range(3))
+            assert torch.get_num_threads() == 2
+        train(ref_model, ref, range(3))
+        assert_same_params(model, ref_model)
+    finally:
+        torch.set_num_threads(threads)
