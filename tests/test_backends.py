@@ -42,14 +42,6 @@ class _FailingMap:
 class TestMmap(BackendTests):
     backend = "mmap"
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="BUG: MmapFile cannot open a zero-byte file (mmap refuses empty files): "
-        "CorruptStateError 'cannot map state file ...: cannot mmap an empty file'",
-    )
-    def test_empty_file(self, path: Path) -> None:
-        super().test_empty_file(path)
-
     def inject_write_fault(self, monkeypatch, file, err) -> None:
         # Writes into a shared mapping are memory copies; the drive's errors surface
         # when the pages are written back, i.e. from sync (msync).

@@ -484,15 +484,7 @@ def test_pinning_falls_back_cleanly_without_cuda(pin_memory, caplog: pytest.LogC
         ("direct", False),
         ("buffered", False),
         ("mmap", True),
-        pytest.param(
-            "mmap",
-            False,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="BUG: with no trainable parameters, a state_dir, durable=False and backend='mmap', "
-                "close() opens a zero-byte state file, which MmapFile cannot map (CorruptStateError)",
-            ),
-        ),
+        ("mmap", False),
     ],
 )
 def test_no_trainable_parameters(backend: str, durable: bool, tmp_path: Path) -> None:

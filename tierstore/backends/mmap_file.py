@@ -36,6 +36,10 @@ class MmapFile(ShardFile):
     def __init__(self, path: Path | str, nbytes: int, *, create: bool) -> None:
         super().__init__(path, nbytes, create=create)
         self._fd = open_fd(self.path, self.nbytes, create=create, flags=0)
+        self._map: mmap.mmap | None = None
+        if self.nbytes == 0:  # nothing to map (a model with nothing to train)
+            self._bytes = None
+            return
         try:
             self._map = mmap.mmap(self._fd, self.nbytes, flags=mmap.MAP_SHARED)
         except (OSError, ValueError) as exc:
@@ -47,6 +51,8 @@ class MmapFile(ShardFile):
         return self._bytes[offset : offset + length]
 
     def _drop(self, offset: int, length: int) -> None:
+        if self._map is None or length == 0:
+            return
         start = offset - offset % mmap.PAGESIZE
         self._map.madvise(mmap.MADV_DONTNEED, start, offset + length - start)
 
@@ -58,17 +64,23 @@ class MmapFile(ShardFile):
                 f"state file {self.path} is truncated below offset {offset + len(buffer)}; "
                 "restore the state directory from a checkpoint"
             )
+        if not len(buffer):
+            return
         target = torch.frombuffer(buffer, dtype=torch.uint8)
         target.copy_(self._file_range(offset, len(buffer)))
         self._drop(offset, len(buffer))
 
     def write_from(self, buffer: memoryview, offset: int) -> None:
         self._check_range(buffer, offset)
+        if not len(buffer):
+            return
         source = torch.frombuffer(buffer, dtype=torch.uint8)
         self._file_range(offset, len(buffer)).copy_(source)
         self._drop(offset, len(buffer))
 
     def sync(self) -> None:
+        if self._map is None:
+            return
         try:
             self._map.flush()
         except OSError as exc:
@@ -79,5 +91,6 @@ class MmapFile(ShardFile):
             return
         self.closed = True
         self._bytes = None
-        self._map.close()
+        if self._map is not None:
+            self._map.close()
         os.close(self._fd)
