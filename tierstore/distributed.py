@@ -11,7 +11,9 @@ different last commits; they can differ by at most one step, because a rank
 cannot finish step N+2's backward (which needs every rank's collectives)
 before every rank finished step N+1. On resume, the ranks agree on the
 smallest last commit and the ranks ahead roll back one step (a durable
-directory keeps the commit before its last).
+directory keeps the commit before its last). A rank killed before its
+first commit has no state; it counts as step 0, which its fresh start
+reproduces exactly. ``docs/distributed.md`` has the whole story.
 
 Example
 -------
@@ -56,13 +58,23 @@ def agree_on_step(local_steps: list[int] | None) -> int | None:
 
     ``local_steps`` are this rank's resumable steps, last first (``None`` or
     empty when it has nothing to resume). Returns ``None`` when no rank has
-    state, the common step otherwise.
+    state, the common step otherwise: the smallest last commit. A rank
+    without state counts as being at step 0 (its fresh start is exactly what
+    every rank commits first, so this covers a rank killed before its first
+    commit); every rank decides the same way, and either all return or all
+    raise.
 
     Raises
     ------
     CorruptStateError
-        If some ranks have state and others none, or a rank cannot reach the
-        common step (it is more than one step ahead).
+        If some rank cannot reach the common step: it is more than one step
+        ahead, or it has no state while others are past step 0 (its state
+        directory is missing or wrong).
+
+    Example
+    -------
+    >>> agree_on_step([7, 6])  # without a process group: this rank's last commit
+    7
     """
     rank, world = rank_and_world()
     if world == 1:
@@ -71,19 +83,25 @@ def agree_on_step(local_steps: list[int] | None) -> int | None:
     backend = dist.get_backend()
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
     last = local_steps[0] if local_steps else -1
-    stats = torch.tensor([last, -last], dtype=torch.int64, device=device)
+    stats = torch.tensor([last, -max(last, 0)], dtype=torch.int64, device=device)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     highest, lowest = int(stats[0]), -int(stats[1])
     if highest == -1:
         return None
-    if lowest == -1:
+    reachable = lowest in local_steps if local_steps else lowest == 0
+    verdict = torch.tensor([0 if reachable else 1], dtype=torch.int64, device=device)
+    dist.all_reduce(verdict, op=dist.ReduceOp.MAX)  # one rank's refusal stops them all
+    if int(verdict[0]):
+        if reachable:
+            mine = f"rank {rank} could resume at step {lowest}, but another rank cannot"
+        elif local_steps:
+            mine = f"rank {rank} holds steps {local_steps} and cannot go back to step {lowest}"
+        else:
+            mine = f"rank {rank} has no state while other ranks committed up to step {highest}"
         raise CorruptStateError(
-            f"rank {rank}: some ranks have committed state (up to step {highest}) and some have "
-            "none; give every rank its state directory (state_dir/rank{N}) or start all ranks fresh"
-        )
-    if local_steps and lowest not in local_steps:
-        raise CorruptStateError(
-            f"rank {rank} holds steps {local_steps} but the ranks' common step is {lowest}; "
-            "the directories come from different runs"
+            f"the ranks cannot resume at a common step ({mine}; the last commits range from "
+            f"{lowest} to {highest}): a durable directory keeps only its last commit and the one "
+            "before. Give every rank the state directory of the same run (state_dir/rank{N}), "
+            "or start all ranks fresh in new directories"
         )
     return lowest
