@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 DEFAULT_SHARD_NUMEL = 1 << 22  # 4 Mi elements: 16 MiB per state field
-MIN_AUTO_SHARD_NUMEL = 1 << 14
+MIN_AUTO_SHARD_NUMEL = 1 << 10  # 4 KiB per field: tiny budgets still stream, slowly
 STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 MASTER_KEY = "master_param"
 
@@ -1010,11 +1010,15 @@ class TieredAdamW(torch.optim.Optimizer):
     def describe(self) -> str:
         """One line: parameters, state size, and where it lives."""
         p = self._plan
+        files = ""
+        if self.disk_bytes:
+            copies = "2 copies, durable" if self._durable else "1 copy"
+            files = f"; files {format_size(self.disk_bytes)} ({copies})"
         return (
             f"{self._layout.trainable_numel:,} trainable params, state {format_size(p.state_nbytes)} in "
             f"{len(self._layout.shards)} shards: {len(p.resident)} resident ({format_size(p.resident_nbytes)}), "
-            f"{len(p.disk_shards)} on disk ({format_size(p.disk_nbytes)}), arena {p.arena_slots} x "
-            f"{format_size(p.slot_nbytes)}"
+            f"{len(p.disk_shards)} streamed from disk ({format_size(p.disk_nbytes)}), arena {p.arena_slots} x "
+            f"{format_size(p.slot_nbytes)}{files}"
         )
 
     # -- lifecycle ----------------------------------------------------
