@@ -61,6 +61,7 @@ import logging
 import math
 import os
 import tempfile
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -303,6 +304,7 @@ class _Session:
         self.loaded_step_count = torch.tensor(-1, dtype=torch.int64)
         self.stats = Stats()
         self._params = [p for g in opt.param_groups for p in g["params"]]
+        self._lock = threading.Lock()  # DCP writers and readers may resolve from several threads
 
     def step_of(self, part: _Part) -> torch.Tensor | None:
         """The parameter's AdamW step, ``None`` before its first."""
@@ -319,6 +321,10 @@ class _Session:
 
     # -- save: blocks copied out of cached shards -----------------------------------
     def block(self, part: _Part, field: str, offset: tuple[int, ...]) -> torch.Tensor:
+        with self._lock:
+            return self._block(part, field, offset)
+
+    def _block(self, part: _Part, field: str, offset: tuple[int, ...]) -> torch.Tensor:
         a, b = self._block_of[(part.index, torch.Size(offset))]
         lo, hi = part.start + a * part.row_numel, part.start + b * part.row_numel
         shape = (b - a, *part.shape[1:]) if part.shape else ()
@@ -365,9 +371,10 @@ class _Session:
 
     # -- load: DCP writes into a staging map ----------------------------------------
     def staged(self, part: _Part, field: str) -> torch.Tensor:
-        if self._staging is None:
-            self._staging = self._map_staging()
-        self.loaded.add((part.index, field))
+        with self._lock:
+            if self._staging is None:
+                self._staging = self._map_staging()
+            self.loaded.add((part.index, field))
         return self._source(part, field).view(part.shape)
 
     def _source(self, part: _Part, field: str) -> torch.Tensor:
