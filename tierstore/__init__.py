@@ -40,6 +40,7 @@ __all__ = [
     "__version__",
 ]
 
+from .diagnose import diagnose  # noqa: E402
 from .optimizer import TieredAdamW  # noqa: E402
 
-__all__ += ["TieredAdamW"]
+__all__ += ["TieredAdamW", "diagnose"]

@@ -880,9 +880,15 @@ class TieredAdamW(torch.optim.Optimizer):
 
         steps = {i: float(e["step"]) for i, e in incoming.items() if "step" in e}
         groups = [{k: v for k, v in g.items() if k != "params"} for g in saved_groups]
-        self._replace_shards(fill, param_steps=steps, groups=groups, masters_given=set(
-            i for i, src in sources.items() if MASTER_KEY in src
-        ))
+        # Note: torch state dicts carry no global step count; the most advanced
+        # parameter's step is the number of steps taken (what step_count reports).
+        self._replace_shards(
+            fill,
+            param_steps=steps,
+            groups=groups,
+            masters_given={i for i, src in sources.items() if MASTER_KEY in src},
+            step_count=int(max(steps.values(), default=0)),
+        )
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
 
@@ -947,6 +953,30 @@ class TieredAdamW(torch.optim.Optimizer):
                     mine.setdefault(key, value)
                 mine["betas"] = tuple(float(b) for b in mine["betas"])
             self._commit()
+
+    @classmethod
+    def from_deepspeed_config(cls, params: Any, config: Any, **overrides: Any) -> TieredAdamW:
+        """Build from a DeepSpeed config (a dict or a JSON path).
+
+        Maps ``optimizer.type/params`` and ``zero_optimization.offload_optimizer``
+        (``device``, ``nvme_path``, ``ratio``, ``buffer_count``, ``pin_memory``, ...);
+        keys it cannot honour raise ``ConfigError``. ``overrides`` win over the
+        config. See :mod:`tierstore.deepspeed_config` for the mapping table.
+
+        Example
+        -------
+        >>> import torch
+        >>> cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        ...        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+        >>> with TieredAdamW.from_deepspeed_config(torch.nn.Linear(4, 4).parameters(), cfg) as opt:
+        ...     opt.param_groups[0]["lr"]
+        0.001
+        """
+        from .deepspeed_config import deepspeed_kwargs, materialize_params
+
+        params = materialize_params(params)
+        kwargs, _ = deepspeed_kwargs(params, config, **overrides)
+        return cls(params, **kwargs)
 
     def save_checkpoint(self, path: str, **options: Any) -> None:
         """Stream the state into a zarr v3 store at ``path``, one chunk per shard.
