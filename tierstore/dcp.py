@@ -129,6 +129,8 @@ def _row_blocks(layout: Layout, index: int, shape: tuple[int, ...]) -> tuple[int
     numel = math.prod(shape)
     if not shape:
         return 1, ((0, 1),)
+    if numel == 0:  # an empty local shard (FSDP2 gives some ranks none of a small parameter)
+        return 0, ()
     row_numel = numel // shape[0]
     blocks = []
     for _, seg in layout.segments_of(index):
@@ -490,8 +492,9 @@ class TieredStateful:
         layout = self.opt.layout
         parts = []
         for i, (p, entry) in enumerate(zip(self._params, layout.params)):
-            if not entry.trainable:
-                continue  # frozen, or an empty local shard (FSDP2 gives some ranks none)
+            if not p.requires_grad:
+                continue  # frozen: no state, as in torch
+            # An empty local shard has no blocks but, as in torch, a step.
             shape = tuple(_local(p).shape)
             global_shape, offset = _placement(p, shape)
             row_numel, blocks = _row_blocks(layout, i, shape)
@@ -583,9 +586,8 @@ class TieredStateful:
 
         groups = [{k: v for k, v in g.items() if k != "params"} for g in saved_groups]
         masters = {i for (i, field) in sources if field == "master"}
-        opt._step_count = step_count  # _replace_shards commits with it
         try:
-            opt._replace_shards(fill, param_steps=steps, groups=groups, masters_given=masters)
+            opt._replace_shards(fill, param_steps=steps, groups=groups, masters_given=masters, step_count=step_count)
         finally:
             session.close()
         outer = self.optimizer

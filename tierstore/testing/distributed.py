@@ -509,10 +509,12 @@ def compare(job: DistJob, tag: str, *, world_size: int, against: dict[str, Any] 
                 problems.append(f"rank {rank}: param {i} differs (offset {offset})")
             if t.numel():
                 covered.setdefault(i, set()).update(got["state"].get(i, {}))
+            if job.wrap == "fsdp2" and "step" not in got["state"].get(i, {}):
+                problems.append(f"rank {rank}: param {i} has no step (torch's AdamW counts them on every rank)")
             for key, mine in got["state"].get(i, {}).items():
                 value = ref["params"][i] if key == "master_param" else ref["state"][i][key]
                 want = value if value.dim() == 0 else _region(value, t, offset)
-                if t.numel() and not torch.equal(mine, want):
+                if (t.numel() or key == "step") and not torch.equal(mine, want):
                     problems.append(f"rank {rank}: param {i} {key} differs")
         if not torch.equal(got["probe"], ref["probe"]):
             problems.append(f"rank {rank}: probe output differs")
