@@ -192,11 +192,6 @@ def test_dcp_checkpoints_interchange_with_torch_adamw_under_fsdp2(tmp_path, writ
     assert compare(loaded, "then", world_size=2, against=reference(loaded, 2)) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TieredAdamW.state_dict() returns local tensors for DTensor parameters, so DCP keeps "
-    "one rank's shard under each key; fixed by .notes/optimizer-dtensor-state-dict.patch",
-)
 def test_state_dict_round_trips_through_get_set_optimizer_state_dict_under_fsdp2(tmp_path):
     job = DistJob(state_dir=str(tmp_path / "state"), out_dir=str(tmp_path), steps=2, keep_master=False)
     _ok(run_ranks(torch_state_dict_rank, world_size=2, args=(job, "sd")))

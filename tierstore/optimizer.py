@@ -125,6 +125,17 @@ def _local(tensor: Tensor) -> Tensor:
     return to_local() if callable(to_local) else tensor
 
 
+def _placed_like(local: Tensor, param: Tensor) -> Tensor:
+    """``local`` as a DTensor placed like the DTensor ``param``, as torch's AdamW keeps FSDP2 state."""
+    if not callable(getattr(param, "to_local", None)):
+        return local
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(
+        local, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
+    )
+
+
 class TieredAdamW(torch.optim.Optimizer):
     """AdamW (decoupled weight decay) with state in RAM and on local disk.
 
@@ -749,7 +760,10 @@ class TieredAdamW(torch.optim.Optimizer):
         """The state in ``torch.optim.AdamW``'s format (plus ``master_param`` with masters).
 
         Materialises every moment as a full CPU tensor: for models whose state
-        fits in RAM. Larger states stream with ``save_checkpoint``.
+        fits in RAM. Larger states stream with ``save_checkpoint``. For DTensor
+        (FSDP2) parameters the states are DTensors placed like the parameter,
+        holding this rank's part, as ``torch.optim.AdamW`` keeps them (so
+        ``get_optimizer_state_dict`` and DCP see each rank's shard).
         """
         self._require_open()
         for pre_hook in self._optimizer_state_dict_pre_hooks.values():
@@ -777,6 +791,10 @@ class TieredAdamW(torch.optim.Optimizer):
             state[i] = entry
             wanted[i] = entry
         self._copy_out(wanted)
+        for i, entry in state.items():
+            for key in entry:
+                if key != "step":
+                    entry[key] = _placed_like(entry[key], self._params[i])
         result = {"state": state, "param_groups": groups}
         for post_hook in self._optimizer_state_dict_post_hooks.values():
             hook_result = post_hook(self, result)
@@ -853,6 +871,8 @@ class TieredAdamW(torch.optim.Optimizer):
                 raise ValueError(f"loaded state refers to parameter id {pid!r}, which no param group lists")
             i = id_map[pid]
             meta = self._layout.params[i]
+            # DTensor states (FSDP2, torch's AdamW layout) hold this rank's part.
+            entry = {k: _local(v) if isinstance(v, Tensor) and k != "step" else v for k, v in entry.items()}
             if not meta.trainable and meta.numel > 0:
                 continue
             for key in (*STATE_KEYS, MASTER_KEY):

@@ -131,7 +131,16 @@ def _context() -> mp.context.BaseContext:
     global _CONTEXT
     if _CONTEXT is None:
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "torch._dynamo", "tierstore", "tierstore.testing.crash"])
+        ctx.set_forkserver_preload(
+            [
+                "torch",
+                "torch._dynamo",
+                "torch.distributed.checkpoint",
+                "torch.distributed.optim",
+                "tierstore",
+                "tierstore.testing.crash",
+            ]
+        )
         _CONTEXT = ctx
     return _CONTEXT
 
