@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 DEFAULT_SHARD_NUMEL = 1 << 22  # 4 Mi elements: 16 MiB per state field
+RESIDENT_SHARD_NUMEL = 1 << 24  # 16 Mi elements, when all state is resident and unstaged
 MIN_AUTO_SHARD_NUMEL = 1 << 10  # 4 KiB per field: tiny budgets still stream, slowly
 STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 MASTER_KEY = "master_param"
@@ -396,13 +397,16 @@ class TieredAdamW(torch.optim.Optimizer):
 
     @staticmethod
     def _auto_shard_numel(trainable: list[Tensor], budget: int | None, nfields: int, slots: int, staging: int) -> int:
-        """Largest power-of-two shard size up to 4 Mi whose arena fits in half the budget."""
+        """Largest power-of-two shard size up to 4 Mi whose arena fits in half the budget.
+
+        When everything stays resident and nothing is staged, shards are 16 Mi:
+        each shard piece is one call of the fused kernel, and fewer calls run
+        closer to torch's one call per parameter.
+        """
         numel = DEFAULT_SHARD_NUMEL
-        if budget is None:
-            return numel
         total = sum(p.numel() for p in trainable)
-        if (total * nfields + staging * min(numel, total)) * 4 <= budget:
-            return numel
+        if budget is None or (total * nfields + staging * min(numel, total)) * 4 <= budget:
+            return RESIDENT_SHARD_NUMEL if staging == 0 else numel
         while numel > MIN_AUTO_SHARD_NUMEL and (slots * nfields + staging) * numel * 4 > budget // 2:
             numel //= 2
         return numel
