@@ -132,7 +132,7 @@ def test_optimizer_reports_its_split(budget) -> None:
         assert (opt.backend is None) == (not plan.disk_shards)
         assert (opt.state_dir is None) == (not plan.disk_shards)
         text = opt.describe()
-        assert f"{len(plan.resident)} resident" in text and f"{len(plan.disk_shards)} on disk" in text
+        assert f"{len(plan.resident)} resident" in text and f"{len(plan.disk_shards)} streamed from disk" in text
 
 
 # -- byte sizes ---------------------------------------------------------

@@ -115,7 +115,7 @@ class ShardStore:
         ``"auto"``, ``"direct"``, ``"buffered"`` or ``"mmap"``.
     io_workers, request_bytes
         I/O tuning (see :class:`~tierstore.transfer.IOQueue`); never change
-        results. Requests are at least one 64 KiB checksum block.
+        results. Requests are whole 1 MiB checksum blocks.
     pin
         Pin host memory for CUDA copies; ``None`` pins when CUDA is available.
     durable
@@ -129,8 +129,8 @@ class ShardStore:
         *,
         directory: Path | str | None,
         backend: str = "auto",
-        io_workers: int = 4,
-        request_bytes: int = 8 << 20,
+        io_workers: int = 8,
+        request_bytes: int = 1 << 20,
         pin: bool | None = None,
         durable: bool = False,
     ) -> None:

@@ -91,7 +91,8 @@ class IOQueue:
     Parameters
     ----------
     workers
-        Threads issuing requests; also the number of requests in flight.
+        Threads issuing requests, for reads and for writes each: up to
+        ``2 * workers`` requests are in flight.
     request_bytes
         Size of one request (a multiple of 4096); extents are cut into these.
 
@@ -101,7 +102,7 @@ class IOQueue:
         If ``workers`` < 1 or ``request_bytes`` is not a positive multiple of 4096.
     """
 
-    def __init__(self, *, workers: int = 4, request_bytes: int = 8 << 20) -> None:
+    def __init__(self, *, workers: int = 8, request_bytes: int = 1 << 20) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ConfigError(f"io_workers={workers!r} must be an int >= 1, e.g. 4")
         if (
@@ -117,31 +118,35 @@ class IOQueue:
         self.request_bytes = request_bytes
         self.stats = IOStats()
         self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix="tierstore-io"
-        )
+        # Reads and writes get their own workers, so a read the update waits for
+        # never queues behind a shard's write-behind (as DeepSpeed's swapper
+        # keeps separate read and write handles).
+        self._pools: dict[str, ThreadPoolExecutor] | None = {
+            kind: ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"tierstore-{kind}")
+            for kind in ("read", "write")
+        }
 
-    def _submit(self, fn: Callable[..., None], *args: object) -> Future:
-        if self._pool is None:
+    def _submit(self, kind: str, fn: Callable[..., None], *args: object) -> Future:
+        if self._pools is None:
             raise ClosedError("the I/O queue is closed; create a new optimizer")
-        return self._pool.submit(fn, *args)
+        return self._pools[kind].submit(fn, *args)
 
     def read(self, file: ShardFile, buffer: memoryview, offset: int, *, on_chunk: ChunkHook | None = None) -> Transfer:
         """Start reading ``len(buffer)`` bytes at ``offset`` of ``file`` into ``buffer``."""
-        return self._split(self._read_one, file, buffer, offset, on_chunk)
+        return self._split("read", self._read_one, file, buffer, offset, on_chunk)
 
     def write(self, file: ShardFile, buffer: memoryview, offset: int, *, on_chunk: ChunkHook | None = None) -> Transfer:
         """Start writing ``buffer`` to ``file`` at ``offset``."""
-        return self._split(self._write_one, file, buffer, offset, on_chunk)
+        return self._split("write", self._write_one, file, buffer, offset, on_chunk)
 
     def run(self, fn: Callable[[], None]) -> Transfer:
         """Run ``fn`` on a worker (e.g. an ``fsync``) as a one-request transfer."""
-        return Transfer([self._submit(fn)], 0)
+        return Transfer([self._submit("write", fn)], 0)
 
-    def _split(self, one: Callable[..., None], file: ShardFile, buffer: memoryview, offset: int, hook: ChunkHook | None) -> Transfer:
+    def _split(self, kind: str, one: Callable[..., None], file: ShardFile, buffer: memoryview, offset: int, hook: ChunkHook | None) -> Transfer:
         step = self.request_bytes if file.parallel else max(len(buffer), 1)
         futures = [
-            self._submit(one, file, buffer[start : start + step], offset + start, start, hook)
+            self._submit(kind, one, file, buffer[start : start + step], offset + start, start, hook)
             for start in range(0, len(buffer), step)
         ]
         return Transfer(futures, len(buffer))
@@ -171,8 +176,8 @@ class IOQueue:
 
     def close(self) -> None:
         """Finish queued requests and stop the workers; safe to call twice."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
+        pools, self._pools = self._pools, None
+        for pool in (pools or {}).values():
             pool.shutdown(wait=True)
 
     def __enter__(self) -> IOQueue:
