@@ -3,6 +3,7 @@
 from .errors import (
     BackendError,
     BudgetError,
+    CheckpointExistsError,
     ClosedError,
     ConfigError,
     CorruptStateError,
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BackendError",
     "BudgetError",
+    "CheckpointExistsError",
     "ClosedError",
     "ConfigError",
     "CorruptStateError",

@@ -56,12 +56,12 @@ from zarr.core.buffer import default_buffer_prototype
 
 from . import manifest as manifest_mod
 from .errors import (
+    CheckpointExistsError,
     ConfigError,
     CorruptStateError,
     DiskFullError,
     FormatVersionError,
     LayoutMismatchError,
-    TierstoreError,
 )
 from .integrity import shard_checksum
 from .layout import Layout, ShardSpec
@@ -84,10 +84,6 @@ ARRAY_OF_FIELD = {
 FIELD_OF_ARRAY = {name: field for field, name in ARRAY_OF_FIELD.items()}
 CHECKSUMS = ("xxh3", "crc32c", None)
 SYNC_WINDOW = 2  # shards whose chunk files may still be syncing while the next is written
-
-
-class CheckpointExistsError(TierstoreError, FileExistsError):
-    """The checkpoint path exists and ``overwrite`` was not asked for."""
 
 
 @dataclass(frozen=True)

@@ -69,5 +69,9 @@ class ClosedError(TierstoreError, RuntimeError):
     """The optimizer (or store) was used after ``close()``."""
 
 
+class CheckpointExistsError(TierstoreError, FileExistsError):
+    """A checkpoint path exists and ``overwrite`` was not asked for."""
+
+
 class StepFailedError(TierstoreError, RuntimeError):
     """An earlier step failed part-way; the optimizer must be rebuilt with ``resume=True``."""

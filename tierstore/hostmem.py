@@ -6,8 +6,9 @@ in once at allocation: reads into never-touched pages run at a third of the
 speed of reads into touched ones on virtual disks, and faulting up front
 makes the resident set size honest from the start. When CUDA is available
 the region is registered with ``cudaHostRegister`` so device copies are
-asynchronous; without CUDA nothing is pinned (``pin_memory=True`` raises on a
-CPU-only build of PyTorch).
+asynchronous. Without CUDA nothing is pinned (torch's own ``pin_memory=True``
+raises on a CPU-only build); asking for ``pin=True`` then logs a warning and
+keeps the buffers pageable.
 
 Example
 -------

@@ -34,6 +34,7 @@ from . import distributed
 from . import manifest as manifest_mod
 from .budget import TierPlan, plan_tiers
 from .errors import (
+    BudgetError,
     ClosedError,
     ConfigError,
     CorruptStateError,
@@ -263,7 +264,7 @@ class TieredAdamW(torch.optim.Optimizer):
         # Note: while shards stream from disk the update leaves one core to the I/O
         # threads. On few cores, OpenMP threads spin-waiting at the kernel's barrier
         # starve the I/O workers (measured here: the update ran 10x slower).
-        self._update_threads = update_threads or max(1, (os.cpu_count() or 2) - 1)
+        self._update_threads = update_threads or max(1, len(os.sched_getaffinity(0)) - 1)
         io_workers = _check_int("io_workers", io_workers, 1)
         request_bytes = _check_int("request_bytes", request_bytes, 4096)
         if request_bytes % 4096:
@@ -394,9 +395,18 @@ class TieredAdamW(torch.optim.Optimizer):
         )
         if old is not None:
             manifest_mod.check_same_model(old, self._layout, str(self._statedir.path))
-        self._plan: TierPlan = plan_tiers(
-            self._layout, ram_budget=self._budget, arena_slots=arena_slots, staging_buffers=staging
-        )
+        try:
+            self._plan: TierPlan = plan_tiers(
+                self._layout, ram_budget=self._budget, arena_slots=arena_slots, staging_buffers=staging
+            )
+        except BudgetError as exc:
+            if old is None:
+                raise
+            raise BudgetError(
+                f"{exc}. Note: resuming, shard_numel={old.shard_numel} is fixed by the saved state; "
+                "to stream with smaller shards, save_checkpoint() and load_checkpoint() into a new "
+                "state_dir built with a smaller shard_numel"
+            ) from None
 
     @staticmethod
     def _auto_shard_numel(trainable: list[Tensor], budget: int | None, nfields: int, slots: int, staging: int) -> int:

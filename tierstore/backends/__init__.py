@@ -3,7 +3,8 @@
 ``direct`` (``O_DIRECT`` positional I/O, no page cache), ``buffered`` (the same
 through the page cache) and ``mmap`` (a shared mapping). ``auto`` picks
 ``direct`` where the filesystem supports it and falls back, with a logged
-reason, to ``mmap`` where it does not (tmpfs, some network filesystems).
+reason, to ``mmap`` where it does not (tmpfs on older kernels, some network
+filesystems).
 
 Example
 -------

@@ -124,7 +124,7 @@ def open_fd(path: Path, nbytes: int, *, create: bool, flags: int) -> int:
     except OSError as exc:
         if exc.errno == errno.EINVAL and flags & getattr(os, "O_DIRECT", 0):
             raise BackendError(
-                f"the filesystem holding {path} does not support O_DIRECT (e.g. tmpfs); "
+                f"the filesystem holding {path} does not support O_DIRECT (e.g. tmpfs on older kernels); "
                 "use backend='mmap' or put state_dir on a local disk"
             ) from exc
         raise BackendError(f"cannot open state file {path}: {exc.strerror}") from exc

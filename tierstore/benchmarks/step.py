@@ -547,12 +547,15 @@ def run(args: argparse.Namespace) -> int:
         state_bytes = cfg["state_bytes_estimate"]
         for c in contenders:
             if c.name.startswith("tierstore-disk"):
-                disk_bytes = disk_bytes or c.opt.disk_bytes
+                # Bytes one step moves: every streamed shard read and written once
+                # (opt.disk_bytes would count both durable copies).
+                streamed = c.opt.plan.disk_nbytes
+                disk_bytes = disk_bytes or streamed
                 state_bytes = c.opt.plan.state_nbytes
                 file_cache[c.name] = rss.state_cached_bytes(c.opt.state_dir)
                 # Durable steps also write the resident shards (into the uncommitted copy).
-                written = c.opt.plan.state_nbytes if c.name.endswith("-durable") else c.opt.disk_bytes
-                io_bytes[c.name] = (c.opt.disk_bytes, written)
+                written = c.opt.plan.state_nbytes if c.name.endswith("-durable") else streamed
+                io_bytes[c.name] = (streamed, written)
             elif isinstance(c, PipelinedSwapper):
                 disk_bytes = disk_bytes or c.swapped_nbytes
             elif isinstance(c, RawFloor):
