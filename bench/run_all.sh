@@ -27,5 +27,7 @@ run step-pagecache-1e8 python bench/step.py --params 1e8 --ram-budget 1/10 --dir
 # 6. The cost of durability: durable=False vs durable=True in the same run.
 run step-durable-1e8 python bench/step.py --params 1e8 --ram-budget 1/8 --dir "$DIR" --backend direct --durable both \
     --steps 5 --skip ram,torch,peer,footprint --json $OUT/step-durable-1e8.json
-# 7. Crash soak: hundreds of SIGKILLs, resumed and compared bitwise.
+# 7. Byte flips in every state file: all must be detected.
+run flip-soak python bench/flip_soak.py --flips 1000 --json $OUT/flip_soak.json
+# 8. Crash soak: hundreds of SIGKILLs, resumed and compared bitwise.
 run crash-soak python bench/crash_soak.py --kills 300 --json $OUT/crash_soak.json
