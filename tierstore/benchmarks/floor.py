@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 
 from ..errors import ClosedError, ConfigError
@@ -114,16 +113,7 @@ class RawFloor:
                     errors.append(exc)
                     return
 
-        threads = [threading.Thread(target=worker, args=(k,), name=f"tierstore-floor-{k}") for k in range(self.depth)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        seconds = time.perf_counter() - t0
-        if errors:
-            raise errors[0]
-        return seconds
+        return rawio.timed_threads(worker, self.depth, errors, name="tierstore-floor")
 
     def close(self) -> None:
         """Close and remove the file, free the buffers; safe to call twice."""

@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -158,7 +159,12 @@ def parallel(
                 errors.append(exc)
                 return
 
-    threads = [threading.Thread(target=worker, args=(k,), name=f"tierstore-raw-{k}") for k in range(depth)]
+    return timed_threads(worker, depth, errors, name="tierstore-raw")
+
+
+def timed_threads(worker: Callable[[int], None], count: int, errors: list[BaseException], *, name: str) -> float:
+    """Run ``worker(k)`` on ``count`` threads; return the wall seconds, then raise the first error."""
+    threads = [threading.Thread(target=worker, args=(k,), name=f"{name}-{k}") for k in range(count)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()

@@ -22,15 +22,20 @@ from pathlib import Path
 PAGE = mmap.PAGESIZE
 
 
-def _status_kib(key: str) -> int | None:
+def _proc_kib(path: str, key: str) -> int | None:
+    """The ``key:`` line of a /proc file given in kB, as bytes (``None`` if absent)."""
     try:
-        with open("/proc/self/status") as fh:
+        with open(path) as fh:
             for line in fh:
                 if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         return None
     return None
+
+
+def _status_kib(key: str) -> int | None:
+    return _proc_kib("/proc/self/status", key)
 
 
 def rss_now() -> int | None:
@@ -58,14 +63,7 @@ def reset_peak() -> bool:
 
 def meminfo(key: str = "Cached") -> int | None:
     """A system-wide ``/proc/meminfo`` figure in bytes (default: the page cache)."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+    return _proc_kib("/proc/meminfo", key)
 
 
 _libc = None
