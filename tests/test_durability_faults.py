@@ -33,17 +33,7 @@ def _job(tmp_path: Path, **kw) -> CrashJob:
 
 def _open(job: CrashJob, params=None, **kw) -> tuple[TieredAdamW, list]:
     params = params if params is not None else initial_params(job)
-    opts = dict(
-        lr=job.lr,
-        weight_decay=job.weight_decay,
-        state_dir=job.state_dir,
-        ram_budget=job.ram_budget,
-        shard_numel=job.shard_numel,
-        backend=job.backend,
-        keep_master=True,
-        resume=True,
-    )
-    opts.update(kw)
+    opts = {**job.optimizer_kwargs(), **kw}
     return TieredAdamW(params, **opts), params
 
 

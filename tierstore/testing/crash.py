@@ -51,6 +51,21 @@ class CrashJob:
     skip_every: int = 3  # parameter k gets no gradient on steps where (step + k) % skip_every == 0
     extra: dict = field(default_factory=dict)
 
+    def optimizer_kwargs(self) -> dict:
+        """TieredAdamW's keyword arguments for this job (resuming, fp32 masters kept)."""
+        return dict(
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            amsgrad=self.amsgrad,
+            state_dir=self.state_dir,
+            ram_budget=self.ram_budget,
+            shard_numel=self.shard_numel,
+            backend=self.backend,
+            keep_master=True,
+            resume=True,
+            **self.extra,
+        )
+
 
 def initial_params(job: CrashJob) -> list[torch.nn.Parameter]:
     gen = torch.Generator().manual_seed(job.seed)
@@ -93,19 +108,7 @@ def train(job: CrashJob, *, crash: tuple[str, int] | None = None, progress=None,
     with torch.no_grad():
         for p, f in zip(params, fresh):
             p.copy_(f)  # a fresh start uses these; a resume overwrites them from the masters
-    opt = TieredAdamW(
-        params,
-        lr=job.lr,
-        weight_decay=job.weight_decay,
-        amsgrad=job.amsgrad,
-        state_dir=job.state_dir,
-        ram_budget=job.ram_budget,
-        shard_numel=job.shard_numel,
-        backend=job.backend,
-        keep_master=True,
-        resume=True,
-        **job.extra,
-    )
+    opt = TieredAdamW(params, **job.optimizer_kwargs())
     if progress is not None:
         progress.value = opt.step_count
     for step in range(opt.step_count, job.steps):
