@@ -303,7 +303,8 @@ class TieredAdamW(torch.optim.Optimizer):
         self._knobs = dict(backend=backend, prefetch_depth=prefetch_depth, io_workers=io_workers, request_bytes=request_bytes)
         self._step_count = 0
         self._last_run: RunStats | None = None
-        self._cuda_events: list[Any] = [None, None]
+        self._cuda_events: list[Any] = [None, None]  # one per host upload buffer
+        self._upload_buffer = 0  # which of the two host upload buffers the last shard used
         self._dirty_marked = False
         self._last_manifest: dict | None = None
         try:
@@ -464,32 +465,42 @@ class TieredAdamW(torch.optim.Optimizer):
             self._restore_params()
         log.info("resumed %s at step %d", self._statedir.path, self._step_count)
 
+    def _master_sync(self, *, to_params: Callable[[int], bool]) -> Callable[[ShardSpec, Tensor], None]:
+        """A per-shard step that copies masters and parameters one way or the other.
+
+        For each parameter piece in the shard, ``to_params(param_index)`` true
+        copies the master into the parameter (cast to its dtype); false seeds
+        the master from the parameter. Does nothing without master weights.
+        """
+        flat_params = {i: _local(p).detach().view(-1) for i, p in enumerate(self._params) if p.requires_grad}
+
+        def sync(shard: ShardSpec, flat: Tensor) -> None:
+            if not self._master:
+                return
+            master = self._store.field(flat, shard, "master")
+            for seg in shard.segments:
+                param = flat_params[seg.param][seg.param_offset : seg.param_offset + seg.length]
+                piece = master[seg.shard_offset : seg.shard_offset + seg.length]
+                if to_params(seg.param):
+                    param.copy_(piece)
+                else:
+                    piece.copy_(param)
+
+        return sync
+
     def _init_shards(self) -> None:
         """Zero every shard and seed the master copy from the parameters."""
-        assert self._store is not None
-        flat_params = {i: _local(p).detach().reshape(-1) for i, p in enumerate(self._params) if p.requires_grad}
+        seed = self._master_sync(to_params=lambda i: False)
 
         def fill(shard: ShardSpec, flat: Tensor) -> None:
             flat.zero_()
-            if self._master:
-                master = self._store.field(flat, shard, "master")
-                for seg in shard.segments:
-                    src = flat_params[seg.param][seg.param_offset : seg.param_offset + seg.length]
-                    master[seg.shard_offset : seg.shard_offset + seg.length].copy_(src)
+            seed(shard, flat)
 
         self._pipeline.run(range(len(self._layout.shards)), fill, read=False)
 
     def _restore_params(self) -> None:
         """Give every trainable parameter its committed master value, cast to its dtype."""
-        flat_params = {i: _local(p).detach().view(-1) for i, p in enumerate(self._params) if p.requires_grad}
-
-        def visit(shard: ShardSpec, flat: Tensor) -> None:
-            master = self._store.field(flat, shard, "master")
-            for seg in shard.segments:
-                lo, hi = seg.param_offset, seg.param_offset + seg.length
-                flat_params[seg.param][lo:hi].copy_(master[seg.shard_offset : seg.shard_offset + seg.length])
-
-        self._pipeline.run(range(len(self._layout.shards)), visit, write=False)
+        self._pipeline.run(range(len(self._layout.shards)), self._master_sync(to_params=lambda i: True), write=False)
 
     # -- commits ------------------------------------------------------
     def _manifest(self, *, clean: bool) -> dict:
@@ -754,7 +765,7 @@ class TieredAdamW(torch.optim.Optimizer):
         if not cuda_work:
             return
         # Two host buffers alternate so the next shard can be cast while this one uploads.
-        which = self._step_count_parity = 1 - getattr(self, "_step_count_parity", 0)
+        which = self._upload_buffer = 1 - self._upload_buffer
         event = self._cuda_events[which]
         if event is not None:
             event.synchronize()
@@ -958,20 +969,11 @@ class TieredAdamW(torch.optim.Optimizer):
         """
         self._require_open()
         given = masters_given or set()
-        flat_params = {i: _local(p).detach().view(-1) for i, p in enumerate(self._params) if p.requires_grad}
+        sync = self._master_sync(to_params=given.__contains__)
 
         def fill_and_sync(shard: ShardSpec, flat: Tensor) -> None:
             fill(shard, flat)
-            if not self._master:
-                return
-            master = self._store.field(flat, shard, "master")
-            for seg in shard.segments:
-                lo, hi = seg.param_offset, seg.param_offset + seg.length
-                s0, s1 = seg.shard_offset, seg.shard_offset + seg.length
-                if seg.param in given:
-                    flat_params[seg.param][lo:hi].copy_(master[s0:s1])
-                else:
-                    master[s0:s1].copy_(flat_params[seg.param][lo:hi])
+            sync(shard, flat)
 
         with self._mutation():
             if step_count is not None:

@@ -33,10 +33,9 @@ from .errors import CorruptStateError
 from .hostmem import HostBuffer
 from .integrity import shard_checksum
 from .layout import Layout, ShardSpec
+from .optimizer import MASTER_KEY
 from .statedir import INFLIGHT, MANIFEST, read_manifest_file
 from .store import STATE_FILES
-
-MASTER_KEY = "master_param"
 
 
 @dataclass(frozen=True)

@@ -413,10 +413,6 @@ class ShardStore:
 
     # -- accounting ---------------------------------------------------
     @property
-    def ram_nbytes(self) -> int:
-        return self.plan.ram_nbytes
-
-    @property
     def disk_nbytes(self) -> int:
         """Bytes allocated for state on disk (all copies)."""
         per_copy = sum(e.nbytes for e in self.entries if self.persisted(e.index))

@@ -139,10 +139,6 @@ class IOQueue:
         """Start writing ``buffer`` to ``file`` at ``offset``."""
         return self._split("write", self._write_one, file, buffer, offset, on_chunk)
 
-    def run(self, fn: Callable[[], None]) -> Transfer:
-        """Run ``fn`` on a worker (e.g. an ``fsync``) as a one-request transfer."""
-        return Transfer([self._submit("write", fn)], 0)
-
     def _split(self, kind: str, one: Callable[..., None], file: ShardFile, buffer: memoryview, offset: int, hook: ChunkHook | None) -> Transfer:
         step = self.request_bytes if file.parallel else max(len(buffer), 1)
         futures = [
