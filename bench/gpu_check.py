@@ -45,7 +45,7 @@ def _check_equivalence(dtype: torch.dtype, budget: str | None, steps: int = 4) -
             r.copy_(g.float().cpu())  # the master starts from the parameter's own value
     with tempfile.TemporaryDirectory() as d:
         opt = TieredAdamW(gpu, lr=1e-3, weight_decay=0.01, state_dir=d, ram_budget=budget, shard_numel=1 << 16)
-        pinned = all(b is None or b.pinned for b in (opt._store._arena, opt._store._resident, opt._store._staging))
+        pinned = opt.pinned_bytes == opt.ram_bytes  # every host buffer of the store is pinned
         for _ in range(steps):
             grads = [torch.randn(s, generator=gen).to(dtype) for s in SHAPES]
             for p, g in zip(gpu, grads):

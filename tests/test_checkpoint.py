@@ -237,7 +237,7 @@ def test_save_streams_one_shard_at_a_time(tmp_path: Path, monkeypatch: pytest.Mo
         grads(0, params)
         opt.step()
         visits: list[int] = []
-        real = opt._read_shards
+        real = opt.visit_shards
 
         def spy(visit, shards=None):
             def counted(shard, flat):
@@ -246,7 +246,7 @@ def test_save_streams_one_shard_at_a_time(tmp_path: Path, monkeypatch: pytest.Mo
 
             return real(counted, shards)
 
-        monkeypatch.setattr(opt, "_read_shards", spy)
+        monkeypatch.setattr(opt, "visit_shards", spy)
         monkeypatch.setattr(opt, "state_dict", lambda: pytest.fail("save must not materialise the state"))
         chunk_bytes = (1 << 16) * 4
         tracemalloc.start()

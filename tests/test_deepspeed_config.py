@@ -18,12 +18,15 @@ from torch import nn
 
 from tierstore import ConfigError, TieredAdamW
 from tierstore.deepspeed_config import (
-    DEFAULT_SHARD_NUMEL,
     deepspeed_kwargs,
-    from_deepspeed_config,
     map_deepspeed_config,
+    optimizer_arguments,
     ram_budget_for_ratio,
 )
+from tierstore.layout import DEFAULT_SHARD_NUMEL
+
+from_deepspeed_config = TieredAdamW.from_deepspeed_config
+ACCEPTED = optimizer_arguments(TieredAdamW.__init__)
 
 
 def zero(offload: dict[str, Any] | None = None, stage: int = 2, **more: Any) -> dict[str, Any]:
@@ -266,10 +269,10 @@ def test_default_shard_size_and_budget_override(tmp_path: Path) -> None:
     """nvme without buffer_size fixes the shard size the budget was computed for; ram_budget overrides win."""
     w = nn.Parameter(torch.zeros(8))
     config = zero({"device": "nvme", "nvme_path": str(tmp_path)})
-    kwargs, mapping = deepspeed_kwargs([w], config)
+    kwargs, mapping = deepspeed_kwargs([w], config, accepted=ACCEPTED)
     assert kwargs["shard_numel"] == DEFAULT_SHARD_NUMEL and isinstance(kwargs["ram_budget"], int)
     assert mapping.offload_ratio == 1.0
-    kwargs, _ = deepspeed_kwargs([w], config, ram_budget="1GiB", resume=True)
+    kwargs, _ = deepspeed_kwargs([w], config, accepted=ACCEPTED, ram_budget="1GiB", resume=True)
     assert kwargs["ram_budget"] == "1GiB" and kwargs["resume"] is True and kwargs["state_dir"] == str(tmp_path)
 
 

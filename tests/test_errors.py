@@ -107,6 +107,54 @@ def test_invalid_hyperparameter_in_a_param_group(key, value, says, workdir: Path
     assert snapshot(workdir) == before
 
 
+# Values torch.optim.AdamW refuses when it is built; TieredAdamW refuses them too, with torch's
+# message (plus the fix) and the same exception type.
+T = torch.tensor
+TORCH_REFUSES = [
+    (dict(betas=(0.9, T(0.999))), ValueError, "betas must be either both floats or both Tensors"),
+    (dict(betas=(T(0.9), 0.999)), ValueError, "betas must be either both floats or both Tensors"),
+    (dict(betas=(0, 0.999)), ValueError, "betas must be either both floats or both Tensors"),
+    (dict(lr=T([1e-3, 1e-3])), ValueError, "Tensor lr must be 1-element"),
+    (dict(lr=T(-1.0)), ValueError, "Invalid learning rate"),
+    (dict(betas=(T(1.0), T(0.999))), ValueError, "Invalid beta parameter at index 0"),
+    (dict(lr="0.1"), TypeError, None),
+]
+
+
+@pytest.mark.parametrize("kwargs, kind, says", TORCH_REFUSES, ids=[str(k) for k, _, _ in TORCH_REFUSES])
+def test_construction_validation_matches_torch(kwargs, kind, says, workdir: Path, snapshot) -> None:
+    with pytest.raises(kind) as theirs:
+        torch.optim.AdamW(params(), **kwargs)
+    before = snapshot(workdir)
+    with pytest.raises(kind) as ours:
+        build(state_dir=workdir / "state", **kwargs)
+    assert isinstance(ours.value, TierstoreError) and isinstance(ours.value, type(theirs.value)), (ours, theirs)
+    if says is not None:
+        assert says in str(theirs.value) and says in str(ours.value), (str(theirs.value), str(ours.value))
+    assert snapshot(workdir) == before
+
+
+def test_multi_element_tensor_beta_is_named() -> None:
+    # Note: torch fails here with "Boolean value of Tensor with more than one value is
+    # ambiguous" (RuntimeError); TieredAdamW names the value and the fix instead.
+    with pytest.raises(ConfigError, match=re.escape("Tensor betas[0] must be 1-element")):
+        build(betas=(T([0.9, 0.8]), T(0.999)))
+
+
+def test_tensor_betas_train_like_torch() -> None:
+    ours, theirs = params(), params()
+    kwargs = dict(lr=T(1e-2), betas=(T(0.8), T(0.95)), weight_decay=0.1)
+    ref = torch.optim.AdamW(theirs, fused=True, **kwargs)
+    with build(ours, **kwargs) as opt:
+        for step in range(3):
+            for a, b in zip(ours, theirs):
+                a.grad = b.grad = torch.full_like(a, 0.1 * (step + 1))
+            opt.step()
+            ref.step()
+        assert isinstance(opt.param_groups[0]["betas"][0], torch.Tensor)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
 BAD_KNOBS = [
     # (kwargs, exception, substrings of the message)
     (dict(ram_budget="12 parsecs"), ConfigError, ["ram_budget", "'12 parsecs'", "MiB"]),

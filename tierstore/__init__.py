@@ -1,11 +1,13 @@
 """tierstore: AdamW whose state lives in a bounded slice of host RAM and files on local disk."""
 
+from ._version import __version__
 from .errors import (
     BackendError,
     BudgetError,
     CheckpointExistsError,
     ClosedError,
     ConfigError,
+    ConfigTypeError,
     CorruptStateError,
     DiskFullError,
     FormatVersionError,
@@ -19,14 +21,13 @@ from .errors import (
 )
 from .sizes import format_size, parse_size
 
-__version__ = "0.1.0"
-
 __all__ = [
     "BackendError",
     "BudgetError",
     "CheckpointExistsError",
     "ClosedError",
     "ConfigError",
+    "ConfigTypeError",
     "CorruptStateError",
     "DiskFullError",
     "FormatVersionError",

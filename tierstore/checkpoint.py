@@ -12,9 +12,10 @@ any parameter's state without tierstore::
     exp_avg = g["exp_avg"][p["start"] : p["start"] + p["numel"]].reshape(p["shape"])
 
 Saving streams shard by shard through the optimizer's arena (one chunk of
-each field in flight), loading streams back with the optimizer's
-``_replace_shards``; neither needs more RAM than ``ram_budget`` plus about one
-chunk per field. The full layout is in ``docs/checkpoints.md``.
+each field in flight), loading streams back; both go through the optimizer's
+public access protocol (:mod:`tierstore.access`: ``visit_shards``,
+``replace_shards``), and neither needs more RAM than ``ram_budget`` plus
+about one chunk per field. The full layout is in ``docs/checkpoints.md``.
 
 A checkpoint is written into a hidden sibling directory, synced, and renamed
 into place, so ``path`` holds a complete checkpoint or none.
@@ -42,11 +43,11 @@ import os
 import shutil
 import tempfile
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,6 +56,8 @@ from zarr.codecs import Crc32cCodec
 from zarr.core.buffer import default_buffer_prototype
 
 from . import manifest as manifest_mod
+from ._version import __version__
+from .access import ShardAccess
 from .errors import (
     CheckpointExistsError,
     ConfigError,
@@ -64,24 +67,22 @@ from .errors import (
     LayoutMismatchError,
 )
 from .integrity import shard_checksum
-from .layout import Layout, ShardSpec
+from .layout import (
+    DEFAULT_SHARD_NUMEL,
+    FIELD_OF_STATE_KEY,
+    MASTER_KEY,
+    STATE_KEY_OF_FIELD,
+    Layout,
+    ShardSpec,
+    fields_for,
+)
 from .statedir import fsync_dir
-
-if TYPE_CHECKING:
-    from .optimizer import TieredAdamW
+from .torch_format import empty_state_dict, flat_sources, positions, require_amsgrad_field
 
 log = logging.getLogger(__name__)
 
 FORMAT_NAME = "tierstore-checkpoint"
 FORMAT_VERSION = 1
-DEFAULT_SHARD_NUMEL = 1 << 22  # 4 Mi elements, as TieredAdamW's default
-ARRAY_OF_FIELD = {
-    "exp_avg": "exp_avg",
-    "exp_avg_sq": "exp_avg_sq",
-    "max_exp_avg_sq": "max_exp_avg_sq",
-    "master": "master_param",  # the state-dict key, so every interface uses one name
-}
-FIELD_OF_ARRAY = {name: field for field, name in ARRAY_OF_FIELD.items()}
 CHECKSUMS = ("xxh3", "crc32c", None)
 SYNC_WINDOW = 2  # shards whose chunk files may still be syncing while the next is written
 
@@ -99,8 +100,6 @@ class _Header:
     has_master: list[bool] | None = None  # torch-made checkpoints: which params came with a master
 
     def attributes(self, checksum: str | None) -> dict[str, Any]:
-        from . import __version__
-
         layout = self.layout
         index = []
         for p in layout.params:
@@ -125,7 +124,7 @@ class _Header:
             "layout": layout.to_dict(),
             "total_numel": layout.total_numel,
             "shard_numel": layout.shard_numel,
-            "arrays": [ARRAY_OF_FIELD[f] for f in layout.fields],
+            "arrays": [STATE_KEY_OF_FIELD[f] for f in layout.fields],
             "checksum": checksum,
             "step_count": int(self.step_count),
             "param_groups": self.param_groups,
@@ -158,7 +157,7 @@ class _Writer:
             chunk = self.layout.shard_numel
             self.arrays = {
                 field: group.create_array(
-                    ARRAY_OF_FIELD[field],
+                    STATE_KEY_OF_FIELD[field],
                     shape=(total,),
                     chunks=(chunk,),
                     dtype="float32",
@@ -213,7 +212,7 @@ class _Writer:
             raise
         if self.checksum == "xxh3":
             self.digests[field][shard.index] = shard_checksum(memoryview(values).cast("B"))
-        chunk_file = self.tmp / ARRAY_OF_FIELD[field] / array.metadata.encode_chunk_key((shard.index,))
+        chunk_file = self.tmp / STATE_KEY_OF_FIELD[field] / array.metadata.encode_chunk_key((shard.index,))
         self._syncs.append(self._sync_pool.submit(_fsync_file, chunk_file))
         # Sync behind the writes, at most two shards behind: the drive works while the
         # next shards are written, and dirty page cache stays bounded for huge states.
@@ -285,21 +284,7 @@ def _is_checkpoint(path: Path) -> bool:
         return False
 
 
-def _fields_of(shard: ShardSpec, layout: Layout, flat: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-    for k, field in enumerate(layout.fields):
-        yield field, flat[k * shard.capacity : (k + 1) * shard.capacity]
-
-
-def _param_steps(opt: TieredAdamW) -> list[float | None]:
-    steps = []
-    for group in opt.param_groups:
-        for p in group["params"]:
-            st = opt.state.get(p)
-            steps.append(float(st["step"]) if st and "step" in st else None)
-    return steps
-
-
-def save_checkpoint(opt: TieredAdamW, path: str | os.PathLike, *, overwrite: bool = False, checksum: str | None = "xxh3") -> None:
+def save_checkpoint(opt: ShardAccess, path: str | os.PathLike, *, overwrite: bool = False, checksum: str | None = "xxh3") -> None:
     """Stream an optimizer's state into a zarr v3 checkpoint at ``path``, one chunk per shard.
 
     Shards are visited read-only, disk shards through the optimizer's arena,
@@ -309,7 +294,7 @@ def save_checkpoint(opt: TieredAdamW, path: str | os.PathLike, *, overwrite: boo
     Parameters
     ----------
     opt
-        An open :class:`~tierstore.TieredAdamW`.
+        An open :class:`~tierstore.TieredAdamW` (any :class:`~tierstore.access.ShardAccess`).
     path
         Directory of the zarr group to create (local filesystem).
     overwrite
@@ -347,16 +332,16 @@ def save_checkpoint(opt: TieredAdamW, path: str | os.PathLike, *, overwrite: boo
         layout=layout,
         step_count=opt.step_count,
         param_groups=manifest_mod.encode_groups(opt.param_groups),
-        param_steps=_param_steps(opt),
+        param_steps=opt.param_steps(),
         source="optimizer",
     )
     with _Writer(path, header, overwrite=overwrite, checksum=checksum) as writer:
 
         def visit(shard: ShardSpec, flat: torch.Tensor) -> None:
-            for field, values in _fields_of(shard, layout, flat):
+            for field, values in layout.field_views(flat, shard).items():
                 writer.write(shard, field, values)
 
-        opt._read_shards(visit)
+        opt.visit_shards(visit)
     log.info("saved checkpoint of step %d to %s", opt.step_count, path)
 
 
@@ -416,7 +401,7 @@ def export_statedir(
         )
         with _Writer(path, header, overwrite=overwrite, checksum=checksum) as writer:
             for shard, flat in reader.iter_shards():
-                for field, values in _fields_of(shard, reader.layout, flat):
+                for field, values in reader.layout.field_views(flat, shard).items():
                     writer.write(shard, field, values)
                 if progress is not None:
                     progress(reader.layout.shard_nbytes(shard))
@@ -474,7 +459,7 @@ class _Checkpoint:
         self.arrays: dict[str, Any] = {}
         self.chunk_checksums: dict[str, list[str] | None] = {}
         for name in names:
-            field = FIELD_OF_ARRAY.get(name)
+            field = FIELD_OF_STATE_KEY.get(name)
             if field is None or field not in self.layout.fields:
                 raise CorruptStateError(f"checkpoint {self.path} lists an unknown array {name!r}")
             self.arrays[field] = arr = self._open_array(group, name)
@@ -512,7 +497,7 @@ class _Checkpoint:
         """Read chunk ``index`` of ``field`` into ``out`` (its exact size) and verify it."""
         arr = self.arrays[field]
         lo = index * self.layout.shard_numel
-        where = f"chunk {index} (elements {lo}..{lo + out.size}) of array {ARRAY_OF_FIELD[field]} in {self.path}"
+        where = f"chunk {index} (elements {lo}..{lo + out.size}) of array {STATE_KEY_OF_FIELD[field]} in {self.path}"
         try:
             arr.get_basic_selection(slice(lo, lo + out.size), out=default_buffer_prototype().nd_buffer.from_numpy_array(out))
         except Exception as exc:  # a crc32c mismatch or a truncated file surfaces as ValueError
@@ -590,7 +575,7 @@ def _check_same_model(ck: _Checkpoint, mine: Layout, n_groups: int) -> None:
             )
 
 
-def load_checkpoint(opt: TieredAdamW, path: str | os.PathLike) -> None:
+def load_checkpoint(opt: ShardAccess, path: str | os.PathLike) -> None:
     """Stream a checkpoint back into an optimizer's state and commit it.
 
     Restores every moment, step count, the param groups' hyperparameters,
@@ -631,18 +616,12 @@ def load_checkpoint(opt: TieredAdamW, path: str | os.PathLike) -> None:
     ck = _Checkpoint(path)
     layout = opt.layout
     _check_same_model(ck, layout, len(opt.param_groups))
-    amsgrad_fields = "max_exp_avg_sq" in layout.fields
-    for gi, group in enumerate(ck.param_groups):
-        if group.get("amsgrad", False) and not amsgrad_fields:
-            raise ConfigError(
-                f"checkpoint {ck.path} param group {gi} uses amsgrad but this optimizer was built without "
-                "it; build TieredAdamW with amsgrad=True"
-            )
+    require_amsgrad_field(ck.param_groups, layout, f"checkpoint {ck.path}")
     if "master" in ck.arrays and "master" not in layout.fields:
         log.info("%s holds master weights; this optimizer keeps none (fp32 parameters), so they are not loaded", ck.path)
 
     def fill(shard: ShardSpec, flat: torch.Tensor) -> None:
-        for field, values in _fields_of(shard, layout, flat):
+        for field, values in layout.field_views(flat, shard).items():
             out = values.numpy()
             if field in ck.arrays:
                 ck.read_range(field, shard.start, out)
@@ -654,55 +633,13 @@ def load_checkpoint(opt: TieredAdamW, path: str | os.PathLike) -> None:
     if "master" in ck.arrays:
         masters = {i for i, (p, given) in enumerate(zip(layout.params, ck.has_master)) if p.trainable and given}
     # A failed load leaves the optimizer refusing use (its state is half-replaced).
-    opt._replace_shards(
+    opt.replace_shards(
         fill, param_steps=steps, groups=ck.param_groups, masters_given=masters, step_count=ck.step_count
     )
     log.info("loaded checkpoint %s (step %d)", ck.path, ck.step_count)
 
 
 # -- conversions for states that fit in RAM ----------------------------------------
-
-
-def _empty_state_dict(
-    layout: Layout,
-    steps: Sequence[float | None],
-    groups: list[dict[str, Any]],
-    has_master: Sequence[bool],
-) -> tuple[dict[str, Any], dict[int, dict[str, torch.Tensor]]]:
-    """A torch AdamW state dict with allocated tensors, and their flat views by field."""
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    flats: dict[int, dict[str, torch.Tensor]] = {}
-    for p in layout.params:
-        if not p.trainable or steps[p.index] is None:
-            continue
-        amsgrad = bool(groups[p.group].get("amsgrad", False))
-        entry = {"step": torch.tensor(float(steps[p.index]), dtype=torch.float32)}
-        flat = {}
-        for field in layout.fields:
-            if (field == "max_exp_avg_sq" and not amsgrad) or (field == "master" and not has_master[p.index]):
-                continue
-            tensor = torch.empty(p.shape, dtype=torch.float32)
-            entry[ARRAY_OF_FIELD[field]] = tensor
-            flat[field] = tensor.view(-1)
-        state[p.index] = entry
-        flats[p.index] = flat
-    torch_groups = []
-    for gi, group in enumerate(groups):
-        packed = dict(group)
-        packed["params"] = [p.index for p in layout.params if p.group == gi]
-        torch_groups.append(packed)
-    return {"state": state, "param_groups": torch_groups}, flats
-
-
-def _scatter(layout: Layout, flats: dict[int, dict[str, torch.Tensor]], shard: ShardSpec, values: dict[str, torch.Tensor]) -> None:
-    for seg in shard.segments:
-        dst = flats.get(seg.param)
-        if not dst:
-            continue
-        for field, t in dst.items():
-            t[seg.param_offset : seg.param_offset + seg.length].copy_(
-                values[field][seg.shard_offset : seg.shard_offset + seg.length]
-            )
 
 
 def checkpoint_to_state_dict(path: str | os.PathLike) -> dict[str, Any]:
@@ -731,17 +668,14 @@ def checkpoint_to_state_dict(path: str | os.PathLike) -> dict[str, Any]:
     """
     ck = _Checkpoint(path)
     layout = ck.layout
-    result, flats = _empty_state_dict(layout, ck.param_steps, ck.param_groups, ck.has_master)
-    wanted = sorted({s for i in flats for s, _ in layout.segments_of(i)})
-    scratch = {f: np.empty(layout.shard_numel, dtype=np.float32) for f in ck.arrays}
-    for index in wanted:
+    result, flats = empty_state_dict(layout, ck.param_steps, ck.param_groups, has_master=ck.has_master)
+    scratch = torch.empty(len(layout.fields) * layout.shard_numel, dtype=torch.float32)
+    for index in layout.shards_of(flats):
         shard = layout.shards[index]
-        values = {}
-        for field in ck.arrays:
-            out = scratch[field][: shard.capacity]
-            ck.read_chunk(field, index, out)
-            values[field] = torch.from_numpy(out)
-        _scatter(layout, flats, shard, values)
+        flat = scratch[: len(layout.fields) * shard.capacity]
+        for field, values in layout.field_views(flat, shard).items():
+            ck.read_chunk(field, index, values.numpy())
+        layout.copy_out(shard, flat, flats)
     return result
 
 
@@ -768,32 +702,10 @@ def statedir_to_state_dict(state_dir: str | os.PathLike) -> dict[str, Any]:
     with StateReader(state_dir) as reader:
         _require_clean(reader)
         layout = reader.layout
-        result, flats = _empty_state_dict(layout, reader.param_steps, reader.param_groups, [True] * len(layout.params))
-        wanted = sorted({s for i in flats for s, _ in layout.segments_of(i)})
-        for index in wanted:
-            shard = layout.shards[index]
-            flat = reader.read_shard(index)
-            _scatter(layout, flats, shard, dict(_fields_of(shard, layout, flat)))
+        result, flats = empty_state_dict(layout, reader.param_steps, reader.param_groups)
+        for index in layout.shards_of(flats):
+            layout.copy_out(layout.shards[index], reader.read_shard(index), flats)
     return result
-
-
-def _position_map(state_dict: dict[str, Any]) -> tuple[list[list[Any]], dict[Any, int]]:
-    try:
-        groups = [list(g["params"]) for g in state_dict["param_groups"]]
-        state = state_dict["state"]
-    except (KeyError, TypeError) as exc:
-        raise ConfigError(
-            f"not a torch optimizer state dict ({exc!r}); pass optimizer.state_dict(), which has 'state' "
-            "and 'param_groups' with 'params' lists"
-        ) from None
-    position: dict[Any, int] = {}
-    for ids in groups:
-        for pid in ids:
-            position[pid] = len(position)
-    unknown = [pid for pid in state if pid not in position]
-    if unknown:
-        raise ConfigError(f"the state dict has state for parameter ids {unknown[:5]} that no param group lists")
-    return groups, position
 
 
 def state_dict_to_checkpoint(
@@ -843,7 +755,7 @@ def state_dict_to_checkpoint(
     >>> checkpoint_to_state_dict(path)["state"][0]["exp_avg"].tolist()
     [0.10000000149011612, 0.10000000149011612, 0.10000000149011612]
     """
-    groups, position = _position_map(state_dict)
+    groups, position = positions(state_dict)
     n = len(position)
     given = None if params is None else list(params)
     if given is not None and len(given) != n:
@@ -851,11 +763,9 @@ def state_dict_to_checkpoint(
     entries: list[dict[str, Any]] = [{} for _ in range(n)]
     for pid, entry in state_dict["state"].items():
         entries[position[pid]] = entry
-    fields = ["exp_avg", "exp_avg_sq"]
-    if any("max_exp_avg_sq" in e for e in entries):
-        fields.append("max_exp_avg_sq")
-    if any("master_param" in e for e in entries):
-        fields.append("master")
+    fields = fields_for(
+        amsgrad=any("max_exp_avg_sq" in e for e in entries), master=any(MASTER_KEY in e for e in entries)
+    )
     stand_ins: list[list[torch.Tensor]] = []
     known, steps, has_master = [], [], []
     for ids in groups:
@@ -884,18 +794,14 @@ def state_dict_to_checkpoint(
                 known.append(False)
             group_tensors.append(stand_in)
             steps.append(float(entry["step"]) if entry and "step" in entry else None)
-            has_master.append("master_param" in entry)
+            has_master.append(MASTER_KEY in entry)
         stand_ins.append(group_tensors)
     layout = Layout.build(stand_ins, shard_numel=shard_numel, fields=fields)
     if given is not None:
         for i, entry in enumerate(entries):
             if entry and not layout.params[i].trainable:
                 raise ConfigError(f"parameter {i} has optimizer state but params[{i}] does not require grad")
-    sources = {
-        i: {f: e[ARRAY_OF_FIELD[f]].detach().reshape(-1) for f in fields if ARRAY_OF_FIELD[f] in e}
-        for i, e in enumerate(entries)
-        if e and layout.params[i].trainable
-    }
+    sources = flat_sources({i: e for i, e in enumerate(entries) if e and layout.params[i].trainable}, layout)
     header = _Header(
         layout=layout,
         step_count=int(max((s for s in steps if s is not None), default=0)),
@@ -909,15 +815,8 @@ def state_dict_to_checkpoint(
     with _Writer(path, header, overwrite=overwrite, checksum=checksum) as writer:
         for shard in layout.shards:
             flat = scratch[: shard.capacity * len(fields)]
-            flat.zero_()
-            values = dict(_fields_of(shard, layout, flat))
-            for seg in shard.segments:
-                src = sources.get(seg.param, {})
-                for field, t in src.items():
-                    values[field][seg.shard_offset : seg.shard_offset + seg.length].copy_(
-                        t[seg.param_offset : seg.param_offset + seg.length]
-                    )
-            for field, t in values.items():
+            layout.copy_in(shard, flat, sources)
+            for field, t in layout.field_views(flat, shard).items():
                 writer.write(shard, field, t)
 
 

@@ -18,7 +18,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from . import __version__
+from ._version import __version__
 from .errors import TierstoreError
 
 # name -> (module, one-line help). Nested "bench" commands use "bench io" style names.

@@ -65,7 +65,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
@@ -76,20 +76,14 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 
+from .access import ShardAccess
+from .dtensor import local_tensor
 from .errors import ConfigError
-from .layout import Layout, ShardSpec
-
-if TYPE_CHECKING:
-    from .optimizer import TieredAdamW
+from .layout import STATE_KEY_OF_FIELD, Layout, ShardSpec
+from .torch_format import require_amsgrad_field, step_tensor
 
 log = logging.getLogger(__name__)
 
-KEY_OF_FIELD = {
-    "exp_avg": "exp_avg",
-    "exp_avg_sq": "exp_avg_sq",
-    "max_exp_avg_sq": "max_exp_avg_sq",
-    "master": "master_param",
-}
 STEP_COUNT_KEY = "tierstore_step_count"
 _UNSET = -1.0  # a step slot DCP did not fill: the checkpoint has no state for the parameter
 _WRAPPER_NAMES = {"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"}
@@ -249,7 +243,7 @@ class _StateTensor(_Placeholder):
         self._field = field
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # noqa: ARG002
-        return f"TieredState({self._part.fqn}.{KEY_OF_FIELD.get(self._field, self._field)}, shape={tuple(self.shape)})"
+        return f"TieredState({self._part.fqn}.{STATE_KEY_OF_FIELD.get(self._field, self._field)}, shape={tuple(self.shape)})"
 
     def _order(self, index: MetadataIndex) -> tuple[int, int]:
         """Where the block ``index`` names starts in the layout, then the field: shard order."""
@@ -291,7 +285,7 @@ class _StateTensor(_Placeholder):
 class _Session:
     """What one ``TieredStateful.state_dict()`` call hands to one ``dcp.save`` or ``dcp.load``."""
 
-    def __init__(self, opt: TieredAdamW, parts: list[_Part], cache_bytes: int) -> None:
+    def __init__(self, opt: ShardAccess, parts: list[_Part], cache_bytes: int) -> None:
         self.opt = opt
         self.layout = opt.layout
         self.parts = parts
@@ -305,13 +299,15 @@ class _Session:
         self.loaded_steps: dict[int, torch.Tensor] = {}
         self.loaded_step_count = torch.tensor(-1, dtype=torch.int64)
         self.stats = Stats()
-        self._params = [p for g in opt.param_groups for p in g["params"]]
+        self._steps: list[float | None] | None = None
         self._lock = threading.Lock()  # DCP writers and readers may resolve from several threads
 
     def step_of(self, part: _Part) -> torch.Tensor | None:
-        """The parameter's AdamW step, ``None`` before its first."""
-        st = self.opt.state.get(self._params[part.index], {})
-        return st.get("step")
+        """The parameter's AdamW step, ``None`` before its first (read once per save)."""
+        if self._steps is None:
+            self._steps = self.opt.param_steps()
+        step = self._steps[part.index]
+        return None if step is None else step_tensor(step)
 
     def begin(self, mode: str) -> None:
         if self.mode not in (None, mode):
@@ -368,7 +364,7 @@ class _Session:
             self._shards[shard.index] = spare
             spare[:n].copy_(flat[:n])
 
-        self.opt._read_shards(keep, missing)
+        self.opt.visit_shards(keep, missing)
         self.stats.shard_reads += len(missing)
 
     # -- load: DCP writes into a staging map ----------------------------------------
@@ -400,21 +396,19 @@ class _Session:
 
     def sources(self, state: dict[str, Any]) -> dict[tuple[int, str], torch.Tensor]:
         """Flat local views of the values to load, by (parameter, field)."""
-        from .optimizer import _local
-
         out = {}
         for part in self.parts:
             entry = state.get(part.fqn, {})
             for field in self.layout.fields:
-                value = entry.get(KEY_OF_FIELD[field])
+                value = entry.get(STATE_KEY_OF_FIELD[field])
                 if isinstance(value, _StateTensor):
                     if (part.index, field) in value._session.loaded:
                         out[(part.index, field)] = value._session._source(part, field)
                 elif isinstance(value, torch.Tensor):
-                    local = _local(value).detach()
+                    local = local_tensor(value).detach()
                     if tuple(local.shape) != part.shape:
                         raise ValueError(
-                            f"{part.fqn}.{KEY_OF_FIELD[field]} has local shape {tuple(local.shape)}, "
+                            f"{part.fqn}.{STATE_KEY_OF_FIELD[field]} has local shape {tuple(local.shape)}, "
                             f"this rank's part of the parameter is {part.shape}"
                         )
                     out[(part.index, field)] = local.reshape(-1).to(torch.float32)
@@ -426,11 +420,9 @@ class _Session:
         self._staging = None
 
 
-def _local_optimizer(optimizer: Any) -> TieredAdamW:
-    from .optimizer import TieredAdamW
-
+def _local_optimizer(optimizer: Any) -> ShardAccess:
     local = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer wraps the rank's own
-    if not isinstance(local, TieredAdamW):
+    if not isinstance(local, ShardAccess):
         raise ConfigError(
             f"TieredStateful needs a TieredAdamW (or a ZeroRedundancyOptimizer built with "
             f"optimizer_class=TieredAdamW), got {type(optimizer).__name__}"
@@ -487,15 +479,13 @@ class TieredStateful:
         self.stats = Stats()
 
     def _parts(self) -> list[_Part]:
-        from .optimizer import _local
-
         layout = self.opt.layout
         parts = []
         for i, (p, entry) in enumerate(zip(self._params, layout.params)):
             if not p.requires_grad:
                 continue  # frozen: no state, as in torch
             # An empty local shard has no blocks but, as in torch, a step.
-            shape = tuple(_local(p).shape)
+            shape = tuple(local_tensor(p).shape)
             global_shape, offset = _placement(p, shape)
             row_numel, blocks = _row_blocks(layout, i, shape)
             parts.append(_Part(i, self._fqns[i], global_shape, shape, offset, entry.start, entry.numel, row_numel, blocks))
@@ -509,7 +499,7 @@ class TieredStateful:
         dict serves one ``dcp.save`` or one ``dcp.load``.
         """
         opt = self.opt
-        opt._require_open()
+        opt.check_usable()
         cache = 2 * opt.layout.slot_nbytes if self.cache_bytes is None else self.cache_bytes
         session = _Session(opt, self._parts(), cache)
         self.stats = session.stats  # the session itself goes when DCP drops the dict (and its cache)
@@ -517,7 +507,7 @@ class TieredStateful:
         for part in session.parts:
             group = opt.param_groups[opt.layout.params[part.index].group]
             fields = [f for f in opt.layout.fields if f != "max_exp_avg_sq" or group["amsgrad"]]
-            state[part.fqn] = {KEY_OF_FIELD.get(f, f): _StateTensor(session, part, f) for f in ("step", *fields)}
+            state[part.fqn] = {STATE_KEY_OF_FIELD.get(f, f): _StateTensor(session, part, f) for f in ("step", *fields)}
         groups = []
         for group in opt.param_groups:
             packed = {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
@@ -572,22 +562,18 @@ class TieredStateful:
         if step_count < 0:  # a checkpoint written by torch's AdamW: its steps say how far it got
             step_count = int(max(steps.values(), default=0))
         layout = opt.layout
+        by_param: dict[int, dict[str, torch.Tensor]] = {}
+        for (i, field), src in sources.items():
+            by_param.setdefault(i, {})[field] = src
 
         def fill(shard: ShardSpec, flat: torch.Tensor) -> None:
-            flat.zero_()
-            for k, field in enumerate(layout.fields):
-                dst = flat[k * shard.capacity : (k + 1) * shard.capacity]
-                for seg in shard.segments:
-                    src = sources.get((seg.param, field))
-                    if src is not None:
-                        dst[seg.shard_offset : seg.shard_offset + seg.length].copy_(
-                            src[seg.param_offset : seg.param_offset + seg.length]
-                        )
+            layout.copy_in(shard, flat, by_param)
 
         groups = [{k: v for k, v in g.items() if k != "params"} for g in saved_groups]
+        require_amsgrad_field(groups, layout, "loaded")
         masters = {i for (i, field) in sources if field == "master"}
         try:
-            opt._replace_shards(fill, param_steps=steps, groups=groups, masters_given=masters, step_count=step_count)
+            opt.replace_shards(fill, param_steps=steps, groups=groups, masters_given=masters, step_count=step_count)
         finally:
             session.close()
         outer = self.optimizer

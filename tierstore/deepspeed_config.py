@@ -1,4 +1,8 @@
-"""Build a :class:`~tierstore.TieredAdamW` from the DeepSpeed config a user already has.
+"""Map the DeepSpeed config a user already has to :class:`~tierstore.TieredAdamW` arguments.
+
+``TieredAdamW.from_deepspeed_config(params, config, **overrides)`` builds the
+optimizer; this module is the mapping it uses (pure: it reads the config and
+the parameters, builds nothing).
 
 Only two sections of a DeepSpeed config concern the optimizer, and only they
 are read: ``optimizer`` (``type`` and ``params``) and ``zero_optimization``
@@ -39,9 +43,9 @@ Example
 >>> model = torch.nn.Linear(8, 8)
 >>> config = {"optimizer": {"type": "Adam", "params": {"lr": 1e-3, "weight_decay": 0.01}},
 ...           "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
->>> with from_deepspeed_config(model.parameters(), config) as opt:
-...     opt.param_groups[0]["lr"], opt.param_groups[0]["weight_decay"], opt.disk_bytes
-(0.001, 0.01, 0)
+>>> mapping = map_deepspeed_config(config)
+>>> mapping.kwargs["lr"], mapping.kwargs["weight_decay"], mapping.offload_ratio
+(0.001, 0.01, None)
 """
 
 from __future__ import annotations
@@ -55,13 +59,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from .budget import staging_nbytes
+from .dtensor import local_tensor
 from .errors import ConfigError
-from .layout import FIELD_ORDER, Layout
+from .layout import DEFAULT_SHARD_NUMEL, Layout
 from .sizes import format_size
+from .spec import decide_for
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +77,6 @@ SPEED_ONLY_OFFLOAD_KEYS = ("pipeline_read", "pipeline_write", "pipeline", "fast_
 OFFLOAD_KEYS = ("device", "nvme_path", "pin_memory", "ratio", "buffer_count", "buffer_size", *SPEED_ONLY_OFFLOAD_KEYS)
 PARAM_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "adam_w_mode", "torch_adam", "bias_correction",
               "fp32_optimizer_states")
-DEFAULT_SHARD_NUMEL = 1 << 22  # 4 Mi elements: TieredAdamW's default for large budgets
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,7 @@ def _number(value: Any, name: str, arg: str) -> float:
         hint = " ('auto' is filled in by Hugging Face's DeepSpeed integration)" if value == "auto" else ""
         raise ConfigError(
             f"{name}={value!r} must be a number{hint}; fix the config or pass the value as an "
-            f"override: from_deepspeed_config(params, config, {arg}=...)"
+            f"override: TieredAdamW.from_deepspeed_config(params, config, {arg}=...)"
         )
     return float(value)
 
@@ -326,11 +330,6 @@ def _groups(params: list[Any]) -> list[dict[str, Any]]:
     return [{"params": params}]
 
 
-def _local(tensor: Tensor) -> Tensor:
-    to_local = getattr(tensor, "to_local", None)
-    return to_local() if callable(to_local) else tensor
-
-
 def ram_budget_for_ratio(
     params: Iterable[Tensor] | Iterable[dict[str, Any]],
     ratio: float,
@@ -355,6 +354,7 @@ def ram_budget_for_ratio(
 
     Example
     -------
+    >>> import torch
     >>> w = torch.zeros(16 * 1024, requires_grad=True)
     >>> ram_budget_for_ratio([w], 0.5, shard_numel=1024, prefetch_depth=1)  # 3 slots + 8 of 16 shards
     90112
@@ -362,44 +362,44 @@ def ram_budget_for_ratio(
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
         raise ConfigError(f"ratio={ratio!r} must be a number in [0, 1] (the fraction of the state on disk)")
     groups = _groups(materialize_params(params))
-    trainable = [_local(p) for g in groups for p in g["params"] if p.requires_grad]
-    # The same choices TieredAdamW._build_layout makes.
-    master = bool(keep_master) or any(p.dtype != torch.float32 or p.device.type != "cpu" for p in trainable)
-    amsgrad = amsgrad or any(g.get("amsgrad", False) for g in groups)
-    cuda = any(p.device.type == "cuda" for p in trainable)
-    staging = 4 if cuda else (1 if any(p.dtype != torch.float32 for p in trainable) else 0)
-    fields = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ()) + (("master",) if master else ())
-    layout = Layout.build(
-        [[_local(p) if p.requires_grad else p for p in g["params"]] for g in groups],
+    spec = decide_for(
+        [p for g in groups for p in g["params"]],
+        amsgrad=amsgrad or any(g.get("amsgrad", False) for g in groups),
+        keep_master=keep_master,
+        arena_slots=prefetch_depth + 2,
+        ram_budget=None,
         shard_numel=shard_numel,
-        fields=tuple(f for f in FIELD_ORDER if f in fields),
     )
-    arena = (prefetch_depth + 2) * layout.slot_nbytes
-    return arena + staging_nbytes(layout, staging) + math.floor((1.0 - ratio) * layout.state_nbytes)
+    layout = Layout.build(
+        [[local_tensor(p) if p.requires_grad else p for p in g["params"]] for g in groups],
+        shard_numel=spec.shard_numel,
+        fields=spec.fields,
+    )
+    arena = spec.arena_slots * layout.slot_nbytes
+    return arena + staging_nbytes(layout, spec.staging_buffers) + math.floor((1.0 - ratio) * layout.state_nbytes)
 
 
-def _tiered_arguments() -> set[str]:
-    from .optimizer import TieredAdamW
-
-    return {n for n in inspect.signature(TieredAdamW.__init__).parameters if n not in ("self", "params")}
+def optimizer_arguments(init: Any) -> set[str]:
+    """The keyword arguments an optimizer's ``__init__`` takes besides ``params``."""
+    return {n for n in inspect.signature(init).parameters if n not in ("self", "params")}
 
 
 def deepspeed_kwargs(
-    params: list[Any], config: Mapping[str, Any] | str | Path, **overrides: Any
+    params: list[Any], config: Mapping[str, Any] | str | Path, *, accepted: set[str], **overrides: Any
 ) -> tuple[dict[str, Any], DeepSpeedMapping]:
     """The ``TieredAdamW`` keyword arguments for ``params`` under a DeepSpeed config, and the mapping.
 
-    ``overrides`` (any ``TieredAdamW`` keyword argument) win over the config.
+    ``overrides`` (any keyword argument in ``accepted``, the optimizer's
+    arguments) win over the config.
 
     Raises
     ------
     ConfigError
-        For keys that cannot be honoured, or an override ``TieredAdamW`` does not take.
+        For keys that cannot be honoured, or an override the optimizer does not take.
     """
-    allowed = _tiered_arguments()
-    unknown = sorted(set(overrides) - allowed)
+    unknown = sorted(set(overrides) - accepted)
     if unknown:
-        raise ConfigError(f"overrides {unknown} are not TieredAdamW arguments; it takes {sorted(allowed)}")
+        raise ConfigError(f"overrides {unknown} are not TieredAdamW arguments; it takes {sorted(accepted)}")
     mapping = map_deepspeed_config(config, overrides=overrides)
     kwargs = dict(mapping.kwargs)
     if mapping.offload_ratio is not None and "ram_budget" not in overrides:
@@ -420,36 +420,3 @@ def deepspeed_kwargs(
         log.info("DeepSpeed keys accepted without effect (speed or communication only): %s", ", ".join(mapping.ignored))
     kwargs.update(overrides)
     return kwargs, mapping
-
-
-def from_deepspeed_config(
-    params: Iterable[Tensor] | Iterable[dict[str, Any]],
-    config: Mapping[str, Any] | str | Path,
-    **overrides: Any,
-):
-    """Build a ``TieredAdamW`` from a DeepSpeed config (a dict or a JSON file path).
-
-    See the module docstring for the mapping table. ``overrides`` are
-    ``TieredAdamW`` keyword arguments that win over the config (for example
-    ``lr=...`` where the config says ``"auto"``, or ``resume=True``).
-
-    Raises
-    ------
-    ConfigError
-        For keys tierstore cannot honour, naming the key and the fix; also
-        whatever ``TieredAdamW`` raises for the mapped values.
-
-    Example
-    -------
-    >>> import torch
-    >>> w = torch.nn.Parameter(torch.ones(4))
-    >>> opt = from_deepspeed_config([w], {"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}})
-    >>> w.grad = torch.ones(4); _ = opt.step(); opt.close()
-    >>> round(w[0].item(), 3)
-    0.9
-    """
-    from .optimizer import TieredAdamW
-
-    params = materialize_params(params)
-    kwargs, _ = deepspeed_kwargs(params, config, **overrides)
-    return TieredAdamW(params, **kwargs)

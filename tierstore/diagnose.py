@@ -49,13 +49,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import importlib
-import importlib.util
 import inspect
 import json
 import logging
 import re
-import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
@@ -66,6 +63,7 @@ import torch
 from torch import Tensor, nn
 
 from .errors import ConfigError
+from .factory import resolve
 from .sizes import format_size, parse_size
 
 log = logging.getLogger(__name__)
@@ -522,55 +520,6 @@ def _verdict(
 
 
 # -- CLI -----------------------------------------------------------------------
-def resolve(spec: str, *, flag: str) -> Callable[..., Any]:
-    """Import ``module:attr`` or ``path/to/file.py:attr`` and return the attribute.
-
-    Raises
-    ------
-    ConfigError
-        If the spec is malformed, the import fails, or the attribute is missing or not callable.
-
-    Example
-    -------
-    >>> resolve("torch.nn:Linear", flag="--model").__name__
-    'Linear'
-    """
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"{flag} {spec!r} must be 'module:factory', e.g. 'mypkg.models:build'")
-    try:
-        if module_name.endswith(".py") or "/" in module_name:
-            file = Path(module_name)
-            if not file.is_file():
-                raise ConfigError(f"{flag} {spec!r}: no file {module_name!r}")
-            mod_spec = importlib.util.spec_from_file_location(f"_tierstore_diagnose_{file.stem}", file)
-            module = importlib.util.module_from_spec(mod_spec)
-            mod_spec.loader.exec_module(module)
-        else:
-            cwd = str(Path.cwd())
-            added = cwd not in sys.path
-            if added:
-                sys.path.insert(0, cwd)  # as `python -m` does
-            try:
-                module = importlib.import_module(module_name)
-            finally:
-                if added:
-                    with contextlib.suppress(ValueError):
-                        sys.path.remove(cwd)
-    except ConfigError:
-        raise
-    except Exception as exc:
-        raise ConfigError(f"{flag} {spec!r}: cannot import {module_name!r}: {exc!r}") from None
-    target: Any = module
-    for part in attr.split("."):
-        target = getattr(target, part, None)
-        if target is None:
-            raise ConfigError(f"{flag} {spec!r}: {module_name!r} has no attribute {attr!r}")
-    if not callable(target):
-        raise ConfigError(f"{flag} {spec!r}: {attr!r} is a {type(target).__name__}, not callable")
-    return target
-
-
 def build_from_factory(spec: str, *, batch_size: int | None = None) -> tuple[nn.Module, Any, Callable | None]:
     """Call a ``--model`` factory and normalise what it returns to ``(model, batch, loss_fn)``.
 

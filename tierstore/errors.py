@@ -25,6 +25,10 @@ class ConfigError(TierstoreError, ValueError):
     """An argument has a value tierstore cannot use (size strings, knobs, backends)."""
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """An argument has the wrong type (a ``TypeError`` too, as torch raises for it)."""
+
+
 class BudgetError(ConfigError):
     """``ram_budget`` is too small for the arena that streaming shards needs."""
 

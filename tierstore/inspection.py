@@ -256,30 +256,6 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = "exit status: 0 clean; 1 the committed state or manifest is corrupt; 3 only stale copies are damaged"
 
 
-class _ProgressReader(StateReader):
-    """A :class:`StateReader` that advances a progress bar by the bytes each shard read covers."""
-
-    bar: Any = None
-
-    def _read(self, index: int, copy: int) -> Any:
-        try:
-            return super()._read(index, copy)
-        finally:
-            if self.bar is not None:
-                self.bar.update(self.layout.shard_nbytes(index))
-
-
-def _bytes_to_check(reader: StateReader) -> int:
-    # Mirrors StateReader.verify: committed copies always, stale ones when intact and not in flight.
-    stale = not (reader.path / INFLIGHT).exists() and reader.manifest.get("durable")
-    total = 0
-    for shard in reader.layout.shards:
-        rec = reader.records[shard.index]
-        copies = (rec["checksum"] is not None) + bool(stale and rec.get("stale_checksum"))
-        total += copies * reader.layout.shard_nbytes(shard)
-    return total
-
-
 def _verify_checkpoint(path: Path, no_progress: bool) -> int:
     try:
         info = read_checkpoint_attributes(path)
@@ -306,7 +282,7 @@ def run_verify(args: argparse.Namespace) -> int:
     if (path / "zarr.json").is_file():
         return _verify_checkpoint(path, args.no_progress)
     try:
-        reader = _ProgressReader(path)
+        reader = StateReader(path)
     except (CorruptStateError, FormatVersionError) as exc:
         print(f"error: {exc}")
         return EXIT_CORRUPT
@@ -317,8 +293,8 @@ def run_verify(args: argparse.Namespace) -> int:
                 "steps, so no checksum can match. Start over from a checkpoint"
             )
             return EXIT_CORRUPT
-        with tqdm(total=_bytes_to_check(reader), unit="B", unit_scale=True, desc="verify", disable=True if args.no_progress else None, file=sys.stderr) as bar:
-            reader.bar = bar
+        with tqdm(total=reader.verify_nbytes(), unit="B", unit_scale=True, desc="verify", disable=True if args.no_progress else None, file=sys.stderr) as bar:
+            reader.progress = bar.update
             problems: list[Problem] = reader.verify()
         for problem in problems:
             print(problem)

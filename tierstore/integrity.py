@@ -23,6 +23,8 @@ import struct
 
 import xxhash
 
+from .errors import CorruptStateError
+
 CHECKSUM_BLOCK = 1 << 20  # 1 MiB: few hashing calls per request (each one a GIL round trip)
 HASH_NAME = "xxh3_64"
 
@@ -51,6 +53,15 @@ class BlockDigests:
         """The extent's checksum as 16 hex digits."""
         packed = struct.pack(f"<Q{len(self._digests)}Q", self.nbytes, *self._digests)
         return f"{xxhash.xxh3_64_intdigest(packed):016x}"
+
+
+def checksum_mismatch(index: int, path: object, offset: int, nbytes: int, expected: str, got: str) -> CorruptStateError:
+    """The error for a shard extent whose bytes fail their committed checksum."""
+    return CorruptStateError(
+        f"shard {index} in {path} (bytes {offset}..{offset + nbytes}) fails its checksum: expected "
+        f"{expected}, read {got}. The state file is corrupt; nothing was updated from it. Restore the "
+        "state directory from a checkpoint (`tierstore verify DIR` lists every bad shard)"
+    )
 
 
 def shard_checksum(data: memoryview | bytes) -> str:

@@ -19,6 +19,12 @@ A shard's bytes are one extent: its fields (``master``, ``exp_avg``,
 ``exp_avg_sq``, ``max_exp_avg_sq`` as present) one after the other, each
 ``capacity`` fp32 elements long.
 
+The layout also owns the state's vocabulary, so that every interface names a
+field the same way: :data:`FIELD_ORDER`, the field -> state-dict key map
+(:data:`STATE_KEY_OF_FIELD`; zarr checkpoints name their arrays by the same
+keys), :data:`DEFAULT_SHARD_NUMEL`, the slices of a :class:`Segment` and the
+view of one field inside a shard's flat buffer (:meth:`Layout.field_view`).
+
 Example
 -------
 >>> import torch
@@ -28,13 +34,16 @@ Example
 [2048, 1024]
 >>> [(g.param, g.param_offset, g.shard_offset, g.length) for g in layout.shards[1].segments]
 [(0, 2048, 0, 952), (1, 0, 960, 10)]
+>>> seg = layout.shards[1].segments[1]
+>>> seg.param_slice, seg.shard_slice
+(slice(0, 10, None), slice(960, 970, None))
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -47,6 +56,30 @@ STATE_DTYPE = torch.float32
 STATE_ITEMSIZE = 4
 FIELD_ORDER = ("master", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 LAYOUT_VERSION = 1
+DEFAULT_SHARD_NUMEL = 1 << 22  # 4 Mi elements: 16 MiB per fp32 field
+
+#: The state-dict key of each field, as ``torch.optim.AdamW`` names the moments
+#: (``master_param`` is tierstore's extra key); zarr checkpoints and DCP use the same names.
+STATE_KEY_OF_FIELD = {
+    "master": "master_param",
+    "exp_avg": "exp_avg",
+    "exp_avg_sq": "exp_avg_sq",
+    "max_exp_avg_sq": "max_exp_avg_sq",
+}
+FIELD_OF_STATE_KEY = {key: field for field, key in STATE_KEY_OF_FIELD.items()}
+MASTER_KEY = STATE_KEY_OF_FIELD["master"]
+
+
+def fields_for(*, amsgrad: bool, master: bool) -> tuple[str, ...]:
+    """The fields a state holds, in extent order.
+
+    Example
+    -------
+    >>> fields_for(amsgrad=True, master=True)
+    ('master', 'exp_avg', 'exp_avg_sq', 'max_exp_avg_sq')
+    """
+    wanted = {"exp_avg", "exp_avg_sq"} | ({"max_exp_avg_sq"} if amsgrad else set()) | ({"master"} if master else set())
+    return tuple(f for f in FIELD_ORDER if f in wanted)
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -81,6 +114,16 @@ class Segment:
     param_offset: int
     shard_offset: int
     length: int
+
+    @property
+    def param_slice(self) -> slice:
+        """Where the segment lies in the parameter's flat elements."""
+        return slice(self.param_offset, self.param_offset + self.length)
+
+    @property
+    def shard_slice(self) -> slice:
+        """Where the segment lies in each field of its shard."""
+        return slice(self.shard_offset, self.shard_offset + self.length)
 
 
 @dataclass(frozen=True)
@@ -207,6 +250,43 @@ class Layout:
     def segments_of(self, param_index: int) -> list[tuple[int, Segment]]:
         """``(shard index, segment)`` pairs covering parameter ``param_index`` in order."""
         return self._segments_of[param_index]
+
+    def shards_of(self, param_indices: Iterable[int]) -> list[int]:
+        """Sorted indices of the shards holding any part of the given parameters."""
+        return sorted({shard for i in param_indices for shard, _ in self._segments_of[i]})
+
+    # -- shard buffers ------------------------------------------------
+    def field_view(self, flat: torch.Tensor, shard: ShardSpec, field: str) -> torch.Tensor:
+        """The ``capacity`` elements of ``field`` inside a shard's flat buffer (a view)."""
+        k = self.field_index(field)
+        return flat[k * shard.capacity : (k + 1) * shard.capacity]
+
+    def field_views(self, flat: torch.Tensor, shard: ShardSpec) -> dict[str, torch.Tensor]:
+        """Every field's view inside a shard's flat buffer, in extent order."""
+        return {f: flat[k * shard.capacity : (k + 1) * shard.capacity] for k, f in enumerate(self.fields)}
+
+    def copy_out(self, shard: ShardSpec, flat: torch.Tensor, dests: Mapping[int, Mapping[str, torch.Tensor]]) -> None:
+        """Copy the shard's values into per-parameter tensors.
+
+        ``dests[param][field]`` is the parameter's flat fp32 tensor for that
+        field; parameters or fields absent from ``dests`` are skipped.
+        """
+        views = self.field_views(flat, shard)
+        for seg in shard.segments:
+            for field, t in dests.get(seg.param, {}).items():
+                t[seg.param_slice].copy_(views[field][seg.shard_slice])
+
+    def copy_in(self, shard: ShardSpec, flat: torch.Tensor, sources: Mapping[int, Mapping[str, torch.Tensor]]) -> None:
+        """Zero the shard, then fill it from per-parameter flat tensors (``sources[param][field]``).
+
+        Fields this layout does not hold are ignored; what no source covers stays zero.
+        """
+        flat.zero_()
+        views = self.field_views(flat, shard)
+        for seg in shard.segments:
+            for field, t in sources.get(seg.param, {}).items():
+                if field in views:
+                    views[field][seg.shard_slice].copy_(t[seg.param_slice])
 
     # -- identity -----------------------------------------------------
     def to_dict(self) -> dict:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ._version import __version__
 from .errors import CorruptStateError, LayoutMismatchError
 from .layout import Layout
 
@@ -83,8 +84,6 @@ def build(
     can also be rolled back one step (the other copy of every shard still
     holds it). Distributed resumes use that to meet at a common step.
     """
-    from . import __version__
-
     rollback = None
     if previous is not None and durable and previous.get("durable"):
         rollback = {k: previous[k] for k in ROLLBACK_KEYS if k in previous}

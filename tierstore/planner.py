@@ -38,9 +38,6 @@ Example
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
-import importlib.util
 import inspect
 import json
 import math
@@ -55,11 +52,14 @@ import torch
 
 from .budget import plan_tiers
 from .errors import ConfigError
-from .layout import FIELD_ORDER, STATE_ITEMSIZE, Layout
+from .factory import resolve
+from .knobs import Knobs
+from .layout import STATE_ITEMSIZE, Layout
 from .sizes import format_size, parse_size
+from .spec import decide
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-DEFAULT_PREFETCH_DEPTH = 2  # as TieredAdamW
+DEFAULT_PREFETCH_DEPTH = Knobs.prefetch_depth  # as TieredAdamW
 HOST_RAM_SHARE = 0.9  # the default budget leaves 10% of host RAM to the OS, data loading, ...
 DEFAULT_UPDATE_GPARAMS = 1.0  # fused CPU AdamW, order of magnitude on a server socket
 MAX_SHARDS = 1 << 20  # beyond this the layout itself gets big; raise shard_numel
@@ -316,31 +316,8 @@ def load_model(spec: str) -> torch.nn.Module:
     >>> next(model.parameters()).device
     device(type='meta')
     """
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"--model {spec!r} must be 'module:factory', e.g. 'mypkg.models:build_model'")
-    try:
-        if module_name.endswith(".py") or "/" in module_name:
-            file = Path(module_name)
-            if not file.is_file():
-                raise ConfigError(f"--model {spec!r}: no file {module_name!r}")
-            mod_spec = importlib.util.spec_from_file_location(f"_tierstore_plan_{file.stem}", file)
-            module = importlib.util.module_from_spec(mod_spec)
-            mod_spec.loader.exec_module(module)
-        else:
-            with _cwd_importable():
-                module = importlib.import_module(module_name)
-    except ConfigError:
-        raise
-    except Exception as exc:
-        raise ConfigError(f"--model {spec!r}: cannot import {module_name!r}: {exc!r}") from None
-    factory = module
-    for part in attr.split("."):
-        factory = getattr(factory, part, None)
-        if factory is None:
-            raise ConfigError(f"--model {spec!r}: {module_name!r} has no attribute {attr!r}")
-    if not callable(factory):
-        raise ConfigError(f"--model {spec!r}: {attr!r} is a {type(factory).__name__}, not a callable factory")
+    factory = resolve(spec, flag="--model")
+    attr = spec.rpartition(":")[2]
     meta = torch.device("meta")
     try:
         takes_device = "device" in inspect.signature(factory).parameters
@@ -357,21 +334,6 @@ def load_model(spec: str) -> torch.nn.Module:
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"--model {spec!r}: {attr}() returned a {type(model).__name__}, not a torch.nn.Module")
     return model
-
-
-@contextlib.contextmanager
-def _cwd_importable():
-    """Let ``module:factory`` name a module in the current directory, as ``python -m`` does."""
-    cwd = str(Path.cwd())
-    added = cwd not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
-    try:
-        yield
-    finally:
-        if added:
-            with contextlib.suppress(ValueError):
-                sys.path.remove(cwd)
 
 
 def disk_free(path: str | Path) -> int:
@@ -504,14 +466,6 @@ def plan_memory(
     n_frozen = sum(t.numel() for t in tensors if not t.requires_grad)
     pbytes = PRECISIONS[precision].itemsize
 
-    # The same choices TieredAdamW.__init__ makes (keep_master=None, pin_memory=None):
-    # an fp32 master when any parameter is not fp32 or not on the CPU; staging
-    # buffers 4 with CUDA, 1 for non-fp32 CPU params, else 0; prefetch_depth + 2 slots.
-    master = precision != "fp32" or on_gpu
-    fields = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ()) + (("master",) if master else ())
-    fields = tuple(f for f in FIELD_ORDER if f in fields)
-    staging_buffers = 4 if on_gpu else (1 if precision != "fp32" else 0)
-    arena_slots = prefetch_depth + 2
 
     weights = (n_train + n_frozen) * pbytes
     grads = n_train * pbytes
@@ -537,17 +491,25 @@ def plan_memory(
             f"exceed host RAM ({format_size(host_ram)})"
         )
 
-    if shard_numel is None:
-        from .optimizer import TieredAdamW  # the optimizer's own automatic choice
-
-        shard_numel = TieredAdamW._auto_shard_numel(trainable, ram_budget, len(fields), arena_slots, staging_buffers)
+    # The decision TieredAdamW makes (keep_master=None), for parameters of this precision on this device.
+    spec = decide(
+        numel=n_train,
+        dtypes=[PRECISIONS[precision]],
+        cuda=on_gpu,
+        amsgrad=amsgrad,
+        keep_master=None,
+        arena_slots=Knobs(prefetch_depth=prefetch_depth).arena_slots,
+        ram_budget=ram_budget,
+        shard_numel=shard_numel,
+    )
+    fields, shard_numel, staging_buffers = spec.fields, spec.shard_numel, spec.staging_buffers
     if n_train / shard_numel > MAX_SHARDS:
         raise ConfigError(
             f"shard_numel={shard_numel} cuts {n_train:,} parameters into more than {MAX_SHARDS:,} shards; "
             "raise shard_numel (e.g. 1 << 22)"
         )
     layout = Layout.build([tensors], shard_numel=shard_numel, fields=fields)
-    tiers = plan_tiers(layout, ram_budget=ram_budget, arena_slots=arena_slots, staging_buffers=staging_buffers)
+    tiers = plan_tiers(layout, ram_budget=ram_budget, arena_slots=spec.arena_slots, staging_buffers=staging_buffers)
 
     gpu_total = weights + grads if on_gpu else 0
     gpu_tier = GpuTier(

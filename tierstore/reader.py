@@ -20,8 +20,7 @@ Example
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,13 +28,16 @@ from typing import Any
 import torch
 
 from . import manifest as manifest_mod
+from .backends import ShardFile, open_backend
 from .errors import CorruptStateError
 from .hostmem import HostBuffer
-from .integrity import shard_checksum
-from .layout import Layout, ShardSpec
-from .optimizer import MASTER_KEY
+from .integrity import checksum_mismatch, shard_checksum
+from .layout import STATE_KEY_OF_FIELD, Layout, ShardSpec
 from .statedir import INFLIGHT, MANIFEST, read_manifest_file
 from .store import STATE_FILES
+
+#: Offline reads go through the page cache: they happen once, and need no aligned offsets.
+READ_BACKEND = "buffered"
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ class StateReader:
     ----------
     path
         The state directory.
+    progress
+        Called with the bytes of every shard copy read (for a progress bar).
 
     Raises
     ------
@@ -70,8 +74,9 @@ class StateReader:
         If the manifest was written by another format version.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, progress: Callable[[int], object] | None = None) -> None:
         self.path = Path(path)
+        self.progress = progress
         self.manifest = read_manifest_file(self.path / MANIFEST)
         self.layout: Layout = manifest_mod.saved_layout(self.manifest, str(self.path))
         self.clean = bool(self.manifest.get("clean", True))
@@ -79,7 +84,7 @@ class StateReader:
         self._offsets = [0]
         for shard in self.layout.shards:
             self._offsets.append(self._offsets[-1] + self.layout.shard_nbytes(shard))
-        self._fds: dict[int, int] = {}
+        self._files: dict[int, ShardFile] = {}
         self._buffer: HostBuffer | None = None
 
     # -- summary ------------------------------------------------------
@@ -105,16 +110,11 @@ class StateReader:
         return sizes
 
     # -- shard access -------------------------------------------------
-    def _fd(self, copy: int) -> int:
-        if copy not in self._fds:
+    def _file(self, copy: int) -> ShardFile:
+        if copy not in self._files:
             path = self.path / STATE_FILES[copy]
-            try:
-                self._fds[copy] = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                raise CorruptStateError(
-                    f"state file {path} is missing; restore the state directory from a checkpoint"
-                ) from None
-        return self._fds[copy]
+            self._files[copy] = open_backend(READ_BACKEND, path, self._offsets[-1], create=False, readonly=True)
+        return self._files[copy]
 
     def _offset(self, index: int) -> int:
         return self._offsets[index]
@@ -125,16 +125,11 @@ class StateReader:
         if self._buffer is None:
             self._buffer = HostBuffer(self.layout.slot_nbytes, pin=False)
         view = self._buffer.view[:nbytes]
-        fd = self._fd(copy)
-        done = 0
-        while done < nbytes:
-            n = os.preadv(fd, [view[done:]], offset + done)
-            if n == 0:
-                raise CorruptStateError(
-                    f"state file {self.path / STATE_FILES[copy]} is truncated: shard {index} needs "
-                    f"bytes {offset}..{offset + nbytes}; restore the state directory from a checkpoint"
-                )
-            done += n
+        try:
+            self._file(copy).read_into(view, offset)
+        finally:
+            if self.progress is not None:
+                self.progress(nbytes)
         return self._buffer.tensor[:nbytes].view(torch.float32), shard_checksum(view), offset, nbytes
 
     def read_shard(self, index: int) -> torch.Tensor:
@@ -150,11 +145,7 @@ class StateReader:
             raise CorruptStateError(f"shard {index} was never written to {self.path}; the state is incomplete")
         flat, got, offset, nbytes = self._read(index, rec["copy"])
         if got != rec["checksum"]:
-            raise CorruptStateError(
-                f"shard {index} in {self.path / STATE_FILES[rec['copy']]} (bytes {offset}..{offset + nbytes}) "
-                f"fails its checksum: expected {rec['checksum']}, read {got}; restore the state "
-                "directory from a checkpoint"
-            )
+            raise checksum_mismatch(index, self.path / STATE_FILES[rec["copy"]], offset, nbytes, rec["checksum"], got)
         return flat
 
     def iter_shards(self) -> Iterator[tuple[ShardSpec, torch.Tensor]]:
@@ -162,25 +153,34 @@ class StateReader:
         for shard in self.layout.shards:
             yield shard, self.read_shard(shard.index)
 
-    def field(self, flat: torch.Tensor, shard: ShardSpec, field: str) -> torch.Tensor:
-        k = self.layout.field_index(field)
-        return flat[k * shard.capacity : (k + 1) * shard.capacity]
-
     def param_state(self, index: int) -> dict[str, torch.Tensor]:
         """Full fp32 tensors of one parameter's state (``exp_avg``, ..., ``master_param``)."""
         meta = self.layout.params[index]
         out = {f: torch.empty(meta.numel, dtype=torch.float32) for f in self.layout.fields}
-        for shard_index, seg in self.layout.segments_of(index):
-            shard = self.layout.shards[shard_index]
-            flat = self.read_shard(shard_index)
-            for f, t in out.items():
-                src = self.field(flat, shard, f)
-                t[seg.param_offset : seg.param_offset + seg.length].copy_(
-                    src[seg.shard_offset : seg.shard_offset + seg.length]
-                )
-        return {(MASTER_KEY if f == "master" else f): t.view(meta.shape) for f, t in out.items()}
+        for shard_index in self.layout.shards_of([index]):
+            self.layout.copy_out(self.layout.shards[shard_index], self.read_shard(shard_index), {index: out})
+        return {STATE_KEY_OF_FIELD[f]: t.view(meta.shape) for f, t in out.items()}
 
     # -- checks -------------------------------------------------------
+    def _checks(self, shard: ShardSpec) -> list[tuple[int, str, str]]:
+        """``(copy, expected checksum, severity)`` of every copy :meth:`verify` reads for a shard.
+
+        Committed copies always; stale copies when the directory is durable,
+        they are recorded intact and no crashed step may have been overwriting them.
+        """
+        rec = self.records[shard.index]
+        checks = []
+        if rec["checksum"] is not None:
+            checks.append((rec["copy"], rec["checksum"], "error"))
+        stale_readable = self.manifest.get("durable") and not (self.path / INFLIGHT).exists()
+        if rec.get("stale_checksum") and stale_readable:
+            checks.append((1 - rec["copy"], rec["stale_checksum"], "warning"))
+        return checks
+
+    def verify_nbytes(self) -> int:
+        """Bytes :meth:`verify` reads (for a progress bar's total)."""
+        return sum(len(self._checks(s)) * self.layout.shard_nbytes(s) for s in self.layout.shards)
+
     def verify(self) -> list[Problem]:
         """Check every committed copy (errors) and every intact stale copy (warnings).
 
@@ -188,15 +188,8 @@ class StateReader:
         in-flight marker is present) are skipped.
         """
         problems = []
-        in_flight = (self.path / INFLIGHT).exists()
         for shard in self.layout.shards:
-            rec = self.records[shard.index]
-            checks = [(rec["copy"], rec["checksum"], "error")]
-            if rec.get("stale_checksum") and not in_flight and self.manifest.get("durable"):
-                checks.append((1 - rec["copy"], rec["stale_checksum"], "warning"))
-            for copy, expected, severity in checks:
-                if expected is None:
-                    continue
+            for copy, expected, severity in self._checks(shard):
                 name = str(self.path / STATE_FILES[copy])
                 try:
                     _, got, offset, nbytes = self._read(shard.index, copy)
@@ -209,9 +202,9 @@ class StateReader:
         return problems
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        for file in self._files.values():
+            file.close()
+        self._files.clear()
         if self._buffer is not None:
             self._buffer.close()
             self._buffer = None

@@ -48,8 +48,8 @@ from .budget import TierPlan
 from .errors import ClosedError, ConfigError, CorruptStateError
 from .faults import crash_point
 from .hostmem import HostBuffer
-from .integrity import CHECKSUM_BLOCK, BlockDigests
-from .layout import STATE_ITEMSIZE, Layout, ShardSpec, round_up
+from .integrity import CHECKSUM_BLOCK, BlockDigests, checksum_mismatch
+from .layout import STATE_ITEMSIZE, Layout, round_up
 from .transfer import IOQueue, Transfer
 
 log = logging.getLogger(__name__)
@@ -313,11 +313,6 @@ class ShardStore:
         size = self.layout.max_capacity * STATE_ITEMSIZE
         return self._staging.tensor[which * size : (which + 1) * size].view(torch.float32)
 
-    def field(self, flat: torch.Tensor, shard: ShardSpec, field: str) -> torch.Tensor:
-        """The ``capacity`` elements of ``field`` inside a shard's flat buffer."""
-        k = self.layout.field_index(field)
-        return flat[k * shard.capacity : (k + 1) * shard.capacity]
-
     # -- disk ---------------------------------------------------------
     def file_path(self, copy: int) -> Path:
         assert self.directory is not None
@@ -334,12 +329,7 @@ class ShardStore:
             crash_point("after-read")
             got = digests.value()
             if expected is not None and got != expected:
-                raise CorruptStateError(
-                    f"shard {entry.index} in {self.file_path(copy)} (bytes {entry.offset}.."
-                    f"{entry.offset + entry.nbytes}) fails its checksum: expected {expected}, read {got}. "
-                    "The state file is corrupt; nothing was updated from it. Restore the state "
-                    "directory from a checkpoint (`tierstore verify DIR` lists every bad shard)"
-                )
+                raise checksum_mismatch(entry.index, self.file_path(copy), entry.offset, entry.nbytes, expected, got)
 
         return ShardTransfer(transfer, verify)
 
@@ -412,6 +402,12 @@ class ShardStore:
         return [e.record() for e in self.entries]
 
     # -- accounting ---------------------------------------------------
+    @property
+    def pinned_nbytes(self) -> int:
+        """Bytes of host memory pinned for CUDA copies (0 without CUDA)."""
+        buffers = (self._resident, self._arena, self._staging)
+        return sum(b.nbytes for b in buffers if b is not None and b.pinned)
+
     @property
     def disk_nbytes(self) -> int:
         """Bytes allocated for state on disk (all copies)."""

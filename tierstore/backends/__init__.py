@@ -72,12 +72,14 @@ def resolve_backend(name: str, directory: Path | str) -> str:
     return "mmap"
 
 
-def open_backend(name: str, path: Path | str, nbytes: int, *, create: bool) -> ShardFile:
-    """Open ``path`` with the backend called ``name`` (not ``"auto"``)."""
+def open_backend(name: str, path: Path | str, nbytes: int, *, create: bool, readonly: bool = False) -> ShardFile:
+    """Open ``path`` with the backend called ``name`` (not ``"auto"``); see :class:`ShardFile`."""
     try:
         cls = BACKENDS[name]
     except KeyError:
         raise ConfigError(f"backend={name!r} is unknown; choose one of {sorted(BACKENDS)}") from None
+    if readonly:
+        return cls(path, nbytes, create=False, readonly=True)
     return cls(path, nbytes, create=create)
 
 

@@ -45,6 +45,11 @@ class ShardFile(ABC):
         The file's size in bytes (a multiple of 4096).
     create
         Create and preallocate the file.
+    readonly
+        Open an existing file for reading only (``tierstore verify`` and the
+        other offline readers). Its size is not checked up front: a read past
+        its end raises :class:`~tierstore.errors.CorruptStateError`, so a
+        verifier can name each damaged shard.
 
     Raises
     ------
@@ -60,9 +65,10 @@ class ShardFile(ABC):
     #: True when several requests in flight on this file overlap usefully.
     parallel: ClassVar[bool] = True
 
-    def __init__(self, path: Path | str, nbytes: int, *, create: bool) -> None:
+    def __init__(self, path: Path | str, nbytes: int, *, create: bool, readonly: bool = False) -> None:
         self.path = Path(path)
         self.nbytes = int(nbytes)
+        self.readonly = readonly
         self.closed = False
 
     @abstractmethod
@@ -106,14 +112,18 @@ class ShardFile(ABC):
             )
 
 
-def open_fd(path: Path, nbytes: int, *, create: bool, flags: int) -> int:
+def open_fd(path: Path, nbytes: int, *, create: bool, flags: int, readonly: bool = False) -> int:
     """Open ``path`` with ``flags``; create and preallocate it when asked.
 
     Translates the OS errors users can act on into tierstore errors.
     """
+    if readonly and create:
+        raise ValueError("a read-only state file cannot be created")
     try:
         if create:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o644)
+        elif readonly:
+            fd = os.open(path, os.O_RDONLY | flags)
         else:
             fd = os.open(path, os.O_RDWR | flags)
     except FileNotFoundError:
@@ -132,7 +142,7 @@ def open_fd(path: Path, nbytes: int, *, create: bool, flags: int) -> int:
         if create:
             if os.fstat(fd).st_size < nbytes:
                 os.ftruncate(fd, nbytes)
-        else:
+        elif not readonly:
             size = os.fstat(fd).st_size
             if size < nbytes:
                 raise CorruptStateError(

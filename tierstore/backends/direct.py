@@ -33,9 +33,9 @@ class BufferedFile(ShardFile):
     name: ClassVar[str] = "buffered"
     open_flags: ClassVar[int] = 0
 
-    def __init__(self, path: Path | str, nbytes: int, *, create: bool) -> None:
-        super().__init__(path, nbytes, create=create)
-        self._fd = open_fd(self.path, self.nbytes, create=create, flags=self.open_flags)
+    def __init__(self, path: Path | str, nbytes: int, *, create: bool, readonly: bool = False) -> None:
+        super().__init__(path, nbytes, create=create, readonly=readonly)
+        self._fd = open_fd(self.path, self.nbytes, create=create, flags=self.open_flags, readonly=readonly)
 
     def read_into(self, buffer: memoryview, offset: int) -> None:
         self._check_range(buffer, offset)

@@ -33,7 +33,9 @@ class MmapFile(ShardFile):
 
     name: ClassVar[str] = "mmap"
 
-    def __init__(self, path: Path | str, nbytes: int, *, create: bool) -> None:
+    def __init__(self, path: Path | str, nbytes: int, *, create: bool, readonly: bool = False) -> None:
+        if readonly:
+            raise ValueError("the mmap backend maps files read-write; open read-only files with 'buffered'")
         super().__init__(path, nbytes, create=create)
         self._fd = open_fd(self.path, self.nbytes, create=create, flags=0)
         self._map: mmap.mmap | None = None

@@ -561,7 +561,7 @@ def torch_state_dict_rank(rank: int, world_size: int, job: DistJob, tag: str) ->
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from tierstore.optimizer import _local
+    from tierstore.dtensor import local_tensor as _local
 
     mesh = init_device_mesh("cpu", (world_size,))
 

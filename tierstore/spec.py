@@ -1,0 +1,134 @@
+"""What the state holds for a set of parameters: the one decision every caller shares.
+
+Given the trainable parameters (their dtypes, whether any lives on a GPU),
+the optimizer's options and its budget, :func:`decide` chooses the state's
+fields (moments, ``max_exp_avg_sq`` with amsgrad, an fp32 master copy when
+some parameter is not fp32 on the CPU or ``keep_master`` asks), how many
+staging buffers the update needs, the arena's slots and the shard size.
+``TieredAdamW``, the planner (``tierstore plan``) and the DeepSpeed-config
+mapping all call it, so they never disagree about bytes.
+
+Example
+-------
+>>> import torch
+>>> spec = decide(numel=10_000, dtypes=[torch.bfloat16], cuda=False, amsgrad=False,
+...               keep_master=None, arena_slots=4, ram_budget=None, shard_numel=None)
+>>> spec.fields, spec.staging_buffers, spec.shard_numel
+(('master', 'exp_avg', 'exp_avg_sq'), 1, 4194304)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .dtensor import local_tensor
+from .layout import DEFAULT_SHARD_NUMEL, STATE_ITEMSIZE, Layout, fields_for
+
+RESIDENT_SHARD_NUMEL = 1 << 24  # 16 Mi elements, when all state is resident and unstaged
+MIN_AUTO_SHARD_NUMEL = 1 << 10  # 4 KiB per field: tiny budgets still stream, slowly
+CUDA_STAGING_BUFFERS = 4  # fp32 grads, raw grads, two alternating upload buffers
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """The decided shape of the state (the layout is built from it)."""
+
+    fields: tuple[str, ...]
+    master: bool  # an fp32 master copy is the authoritative parameter value
+    amsgrad: bool  # the state has max_exp_avg_sq
+    cuda: bool  # some parameter lives on a GPU
+    staged: bool  # gradients pass through a staging buffer (cast to fp32 or copied from a GPU)
+    staging_buffers: int
+    arena_slots: int
+    shard_numel: int
+
+
+def decide(
+    *,
+    numel: int,
+    dtypes: Iterable[torch.dtype],
+    cuda: bool,
+    amsgrad: bool,
+    keep_master: bool | None,
+    arena_slots: int,
+    ram_budget: int | None,
+    shard_numel: int | None,
+    saved: Layout | None = None,
+) -> StateSpec:
+    """Decide what the state holds for ``numel`` trainable elements of the given dtypes.
+
+    ``saved`` is the layout of a state being resumed: it fixes the shard size
+    and keeps its master and amsgrad fields where the caller left them open.
+    """
+    dtypes = set(dtypes)
+    low_precision = any(d != torch.float32 for d in dtypes)
+    master = bool(keep_master) or low_precision or cuda
+    if saved is not None:
+        shard_numel = saved.shard_numel if shard_numel is None else shard_numel
+        master = master or (keep_master is None and "master" in saved.fields)
+        amsgrad = amsgrad or "max_exp_avg_sq" in saved.fields
+    fields = fields_for(amsgrad=amsgrad, master=master)
+    staged = low_precision or cuda
+    staging = CUDA_STAGING_BUFFERS if cuda else (1 if staged else 0)
+    if shard_numel is None:
+        shard_numel = auto_shard_numel(
+            numel, ram_budget=ram_budget, nfields=len(fields), arena_slots=arena_slots, staging_buffers=staging
+        )
+    return StateSpec(
+        fields=fields,
+        master=master,
+        amsgrad=amsgrad,
+        cuda=cuda,
+        staged=staged,
+        staging_buffers=staging,
+        arena_slots=arena_slots,
+        shard_numel=shard_numel,
+    )
+
+
+def decide_for(
+    params: Sequence[torch.Tensor],
+    *,
+    amsgrad: bool,
+    keep_master: bool | None,
+    arena_slots: int,
+    ram_budget: int | None,
+    shard_numel: int | None,
+    saved: Layout | None = None,
+) -> StateSpec:
+    """:func:`decide` for real tensors: the trainable ones among ``params`` (local parts of DTensors)."""
+    trainable = [local_tensor(p) for p in params if p.requires_grad]
+    return decide(
+        numel=sum(p.numel() for p in trainable),
+        dtypes=(p.dtype for p in trainable),
+        cuda=any(p.device.type == "cuda" for p in trainable),
+        amsgrad=amsgrad,
+        keep_master=keep_master,
+        arena_slots=arena_slots,
+        ram_budget=ram_budget,
+        shard_numel=shard_numel,
+        saved=saved,
+    )
+
+
+def auto_shard_numel(numel: int, *, ram_budget: int | None, nfields: int, arena_slots: int, staging_buffers: int) -> int:
+    """Largest power-of-two shard size up to 4 Mi whose arena and staging fit in half the budget.
+
+    When everything stays resident and nothing is staged, shards are 16 Mi:
+    each shard piece is one call of the fused kernel, and fewer calls run
+    closer to torch's one call per parameter.
+
+    Example
+    -------
+    >>> auto_shard_numel(10**8, ram_budget=64 << 20, nfields=2, arena_slots=4, staging_buffers=0)
+    1048576
+    """
+    size = DEFAULT_SHARD_NUMEL
+    if ram_budget is None or (numel * nfields + staging_buffers * min(size, numel)) * STATE_ITEMSIZE <= ram_budget:
+        return RESIDENT_SHARD_NUMEL if staging_buffers == 0 else size
+    while size > MIN_AUTO_SHARD_NUMEL and (arena_slots * nfields + staging_buffers) * size * STATE_ITEMSIZE > ram_budget // 2:
+        size //= 2
+    return size
