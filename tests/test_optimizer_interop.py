@@ -514,3 +514,45 @@ def test_update_threads_never_change_results(update_threads) -> None:
         assert_same_params(model, ref_model)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_copy_going_away_closes_nothing(tmp_path: Path) -> None:
+    """Wrappers that copy the optimizer's ``__dict__`` into an object of a derived class
+    (Lightning's ``LightningOptimizer`` does) must not close it when they are collected."""
+    import gc
+
+    model, ref_model = two_models()
+    ref = torch.optim.AdamW(ref_model.parameters(), lr=1e-2, fused=True)
+    opt = tiered(model.parameters(), "disk", lr=1e-2, state_dir=tmp_path / "s")
+
+    class Wrapper:
+        def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+            self.__dict__ = {k: v for k, v in optimizer.__dict__.items() if k not in ("step", "__del__")}
+            self.__class__ = type("Wrapped" + type(optimizer).__name__, (Wrapper, type(optimizer)), {})
+
+    train(model, opt, range(2))
+    wrapper = Wrapper(opt)
+    assert isinstance(wrapper, TieredAdamW)
+    del wrapper
+    gc.collect()
+    train(model, opt, range(2, 4))  # still open: the store was not closed by the wrapper
+    train(ref_model, ref, range(4))
+    assert_same_params(model, ref_model)
+    opt.close()
+    with pytest.raises(ClosedError):
+        opt.step()
+
+
+def test_an_unclosed_optimizer_is_closed_when_collected(tmp_path: Path) -> None:
+    """Without close(), the last reference going away releases the lock and commits a
+    non-durable directory cleanly, so it resumes."""
+    import gc
+
+    w = nn.Parameter(torch.randn(5000))
+    opt = TieredAdamW([w], lr=1e-2, state_dir=tmp_path / "s", durable=False, ram_budget="48KiB", shard_numel=1024)
+    w.grad = torch.ones_like(w)
+    opt.step()
+    del opt
+    gc.collect()
+    with TieredAdamW([w], lr=1e-2, state_dir=tmp_path / "s", durable=False, ram_budget="48KiB", shard_numel=1024, resume=True) as again:
+        assert again.step_count == 1

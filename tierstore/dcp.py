@@ -128,8 +128,8 @@ def _row_blocks(layout: Layout, index: int, shape: tuple[int, ...]) -> tuple[int
     row_numel = numel // shape[0]
     blocks = []
     for _, seg in layout.segments_of(index):
-        lo, hi = seg.param_offset, seg.param_offset + seg.length
-        a, b = -(-lo // row_numel), -(-hi // row_numel)
+        span = seg.param_slice
+        a, b = -(-span.start // row_numel), -(-span.stop // row_numel)
         if a < b:
             blocks.append((a, b))
     return row_numel, tuple(blocks)

@@ -41,7 +41,7 @@ from typing import Any
 
 from . import distributed
 from . import manifest as manifest_mod
-from .errors import CorruptStateError, StateExistsError
+from .errors import ConfigError, CorruptStateError, StateExistsError
 from .faults import crash_point
 from .layout import Layout
 from .statedir import MANIFEST, StateDir
@@ -76,9 +76,28 @@ class Journal:
         self.ram_budget: int | None = None
 
     # -- resume point -------------------------------------------------
+    @staticmethod
+    def check_arguments(state_dir: str | None, *, durable: bool | None, resume: bool) -> None:
+        """Refuse durability or a resume without a directory to keep or find the state in.
+
+        Raises
+        ------
+        ConfigError
+            Naming the missing ``state_dir``.
+        """
+        if durable and state_dir is None:
+            raise ConfigError(
+                "durable=True needs a state_dir to keep the committed state in; pass "
+                "state_dir=... (or leave durable=None)"
+            )
+        if resume and state_dir is None:
+            raise ConfigError("resume=True needs the state_dir to resume from; pass state_dir=...")
+
     @classmethod
-    def open(cls, state_dir: str | None, *, resume: bool, resume_step: int | None, durable: bool) -> Journal:
+    def open(cls, state_dir: str | None, *, resume: bool, resume_step: int | None, durable: bool | None) -> Journal:
         """Lock ``state_dir`` (this rank's, under torch.distributed) and find the resume point.
+
+        ``durable=None`` means durable exactly when there is a ``state_dir``.
 
         Raises
         ------
@@ -90,6 +109,7 @@ class Journal:
             It was written with ``durable=False`` by a run that did not close cleanly,
             or ``resume_step`` is not one it holds.
         """
+        durable = (state_dir is not None) if durable is None else bool(durable)
         if state_dir is None:
             return cls(None, durable=durable)
         statedir = StateDir(distributed.rank_state_dir(state_dir)).open()

@@ -41,7 +41,7 @@ from .manifest import check_same_model, decode_group, saved_layout
 from .pipeline import RunStats, ShardPipeline
 from .runtime import Runtime
 from .sizes import format_size, parse_size
-from .spec import StateSpec, decide_for
+from .spec import StateSpec, check_param_kinds, decide_for
 from .store import ShardStore
 from .torch_format import (
     GROUP_DEFAULTS,
@@ -55,8 +55,6 @@ from .torch_format import (
 from .update import ShardUpdate, gather, intra_op_threads, master_sync
 
 log = logging.getLogger(__name__)
-
-SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class TieredAdamW(torch.optim.Optimizer):
@@ -176,8 +174,8 @@ class TieredAdamW(torch.optim.Optimizer):
         # Note: like torch.optim.AdamW, lr..amsgrad may be passed positionally.
         self._rt: Runtime | None = None  # until construction succeeds; makes close() safe on failure
         check_hyper(lr, betas, eps, weight_decay)
-        budget = None if ram_budget is None else parse_size(ram_budget, name="ram_budget")
-        knobs = Knobs(
+        self._budget = None if ram_budget is None else parse_size(ram_budget, name="ram_budget")
+        self._knobs = Knobs(
             backend=backend,
             prefetch_depth=prefetch_depth,
             io_workers=io_workers,
@@ -187,42 +185,31 @@ class TieredAdamW(torch.optim.Optimizer):
         )
         if shard_numel is not None:
             check_int("shard_numel", shard_numel, 1)
-        if durable and state_dir is None:
-            raise ConfigError(
-                "durable=True needs a state_dir to keep the committed state in; pass "
-                "state_dir=... (or leave durable=None)"
-            )
-        if resume and state_dir is None:
-            raise ConfigError("resume=True needs the state_dir to resume from; pass state_dir=...")
-        defaults = dict(
-            lr=lr,
-            betas=scalar_betas(betas),
-            eps=eps,
-            weight_decay=weight_decay,
-            amsgrad=bool(amsgrad),
-            maximize=bool(maximize),
-            **GROUP_DEFAULTS,
-        )
+        Journal.check_arguments(state_dir, durable=durable, resume=resume)
+        defaults = dict(lr=lr, betas=scalar_betas(betas), eps=eps, weight_decay=weight_decay)
+        defaults.update(amsgrad=bool(amsgrad), maximize=bool(maximize), **GROUP_DEFAULTS)
         self._building = True
         super().__init__(params, defaults)
         self._building = False
         for gi, group in enumerate(self.param_groups):
             check_hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"], f" in param group {gi}")
         self._params: list[Tensor] = [p for g in self.param_groups for p in g["params"]]
-        _check_param_kinds(self._params)
-        self._knobs = knobs
-        self._budget = budget
-        journal = Journal.open(
-            state_dir,
-            resume=resume,
-            resume_step=resume_step,
-            durable=(state_dir is not None) if durable is None else bool(durable),
-        )
+        check_param_kinds(self._params)
+        journal = Journal.open(state_dir, resume=resume, resume_step=resume_step, durable=durable)
+        self._rt = self._start(journal, shard_numel=shard_numel, keep_master=keep_master, restore_params=restore_params)
+        # Every copy of this object shares the runtime and this token; when the last
+        # one is gone, the runtime closes (instead of a __del__ that a copy would run).
+        self._owner = self._rt.owner()
+
+    # -- construction -------------------------------------------------
+    def _start(self, journal: Journal, *, shard_numel: int | None, keep_master: bool | None, restore_params: bool) -> Runtime:
+        """Lay the state out, open its store and bring it to its first (or resumed) commit."""
         store = None
         try:
             self._build_layout(shard_numel, keep_master, journal)
             if self._plan.disk_shards:
                 journal.use_private_dir()
+            knobs = self._knobs
             store = ShardStore(
                 self._layout,
                 self._plan,
@@ -233,7 +220,7 @@ class TieredAdamW(torch.optim.Optimizer):
                 pin=knobs.pin_memory,
                 durable=journal.durable,
             )
-            journal.bind(store, self._layout, budget)
+            journal.bind(store, self._layout, self._budget)
             pipeline = ShardPipeline(store, prefetch_depth=knobs.prefetch_depth)
             rt = Runtime(journal, store, pipeline, state=self.state, param_groups=self.param_groups, params=self._params)
             self._open(rt, restore_params)
@@ -242,12 +229,8 @@ class TieredAdamW(torch.optim.Optimizer):
                 store.close()
             journal.release(discard=True)
             raise
-        self._rt = rt
-        # Every copy of this object shares the runtime and this token; when the last
-        # one is gone, the runtime closes (instead of a __del__ that a copy would run).
-        self._owner = rt.owner()
+        return rt
 
-    # -- construction -------------------------------------------------
     def _build_layout(self, shard_numel: int | None, keep_master: bool | None, journal: Journal) -> None:
         where = str(journal.directory)
         old = saved_layout(journal.saved, where) if journal.saved else None
@@ -637,23 +620,3 @@ class TieredAdamW(torch.optim.Optimizer):
     def __repr__(self) -> str:
         closed = self._rt is None or self._rt.closed
         return f"TieredAdamW({'closed' if closed else self.describe()})"
-
-
-def _check_param_kinds(params: list[Tensor]) -> None:
-    """Refuse parameters TieredAdamW cannot hold state for, naming the fix."""
-    for i, p in enumerate(params):
-        if not p.requires_grad:
-            continue
-        local = local_tensor(p)
-        if p.dtype not in SUPPORTED_DTYPES:
-            raise ConfigError(
-                f"parameter {i} has dtype {p.dtype}; TieredAdamW supports {[str(d) for d in SUPPORTED_DTYPES]}. "
-                "Freeze it (requires_grad=False) or convert it"
-            )
-        if local.device.type not in ("cpu", "cuda"):
-            raise ConfigError(f"parameter {i} is on device {local.device}; TieredAdamW supports cpu and cuda")
-        if not local.is_contiguous():
-            raise ConfigError(
-                f"parameter {i} (shape {tuple(p.shape)}) is not contiguous; make it contiguous "
-                "(param.data = param.data.contiguous()) before building the optimizer"
-            )

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 import torch
 
 from .dtensor import local_tensor
+from .errors import ConfigError
 from .layout import DEFAULT_SHARD_NUMEL, STATE_ITEMSIZE, Layout, fields_for
 
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 RESIDENT_SHARD_NUMEL = 1 << 24  # 16 Mi elements, when all state is resident and unstaged
 MIN_AUTO_SHARD_NUMEL = 1 << 10  # 4 KiB per field: tiny budgets still stream, slowly
 CUDA_STAGING_BUFFERS = 4  # fp32 grads, raw grads, two alternating upload buffers
@@ -132,3 +134,30 @@ def auto_shard_numel(numel: int, *, ram_budget: int | None, nfields: int, arena_
     while size > MIN_AUTO_SHARD_NUMEL and (arena_slots * nfields + staging_buffers) * size * STATE_ITEMSIZE > ram_budget // 2:
         size //= 2
     return size
+
+
+def check_param_kinds(params: Sequence[torch.Tensor]) -> None:
+    """Refuse trainable parameters TieredAdamW cannot hold state for, naming the fix.
+
+    Raises
+    ------
+    ConfigError
+        For a dtype other than fp32/bf16/fp16, a device other than cpu/cuda,
+        or a non-contiguous parameter.
+    """
+    for i, p in enumerate(params):
+        if not p.requires_grad:
+            continue
+        local = local_tensor(p)
+        if p.dtype not in SUPPORTED_DTYPES:
+            raise ConfigError(
+                f"parameter {i} has dtype {p.dtype}; TieredAdamW supports {[str(d) for d in SUPPORTED_DTYPES]}. "
+                "Freeze it (requires_grad=False) or convert it"
+            )
+        if local.device.type not in ("cpu", "cuda"):
+            raise ConfigError(f"parameter {i} is on device {local.device}; TieredAdamW supports cpu and cuda")
+        if not local.is_contiguous():
+            raise ConfigError(
+                f"parameter {i} (shape {tuple(p.shape)}) is not contiguous; make it contiguous "
+                "(param.data = param.data.contiguous()) before building the optimizer"
+            )

@@ -189,17 +189,14 @@ class PipelinedSwapper:
         ps, gs, ms, vs = [], [], [], []
         for seg in shard.segments:
             p = self.params[seg.param]
-            lo, hi = seg.param_offset, seg.param_offset + seg.length
-            s0, s1 = seg.shard_offset, seg.shard_offset + seg.length
-            ps.append(tensors["master"][s0:s1] if "master" in tensors else p.data[lo:hi])
-            gs.append(p.grad[lo:hi])
-            ms.append(tensors["exp_avg"][s0:s1])
-            vs.append(tensors["exp_avg_sq"][s0:s1])
+            ps.append(tensors["master"][seg.shard_slice] if "master" in tensors else p.data[seg.param_slice])
+            gs.append(p.grad[seg.param_slice])
+            ms.append(tensors["exp_avg"][seg.shard_slice])
+            vs.append(tensors["exp_avg_sq"][seg.shard_slice])
         adamw(ps, gs, ms, vs, [], [self._step] * len(ps), **HYPER)
         if "master" in tensors:
             for seg in shard.segments:
-                s0, s1 = seg.shard_offset, seg.shard_offset + seg.length
-                self.params[seg.param].data[seg.param_offset : seg.param_offset + seg.length].copy_(tensors["master"][s0:s1])
+                self.params[seg.param].data[seg.param_slice].copy_(tensors["master"][seg.shard_slice])
 
     def step(self) -> dict[str, float]:
         """One optimizer step over every sub-group; seconds in all and per part."""

@@ -47,7 +47,6 @@ DEFAULT_STEPS = 150
 DEFAULT_STATE_DIR = "tierstore-demo-state"
 BUDGET_FRACTION = 8  # default ram_budget: state size / 8
 PREFETCH_DEPTH = 2  # the arena then has PREFETCH_DEPTH + 2 slots
-MAX_SHARD_NUMEL = 1 << 22  # 4 Mi elements, TieredAdamW's default
 LR = 3e-3
 WEIGHT_DECAY = 0.1
 CLIP_NORM = 1.0
@@ -102,21 +101,6 @@ def state_nbytes(model: torch.nn.Module) -> int:
         [list(model.parameters())], shard_numel=1 << 20, fields=("exp_avg", "exp_avg_sq")
     )
     return layout.state_nbytes
-
-
-def pick_shard_numel(ram_budget: int) -> int:
-    """Largest power-of-two shard (at least 1024 elements) whose arena takes at most half the budget.
-
-    The other half keeps some shards resident in RAM.
-    """
-    slot_per_element = 2 * 4  # two fp32 fields
-    numel = 1024
-    while (
-        numel < MAX_SHARD_NUMEL
-        and (PREFETCH_DEPTH + 2) * slot_per_element * numel * 2 <= ram_budget // 2
-    ):
-        numel *= 2
-    return numel
 
 
 def reference_optimizer(params: list[torch.Tensor]) -> torch.optim.Optimizer:
@@ -189,7 +173,6 @@ def train(
     reference = copy.deepcopy(model)  # same initial bits, tied head included
     state = state_nbytes(model)
     budget = state // BUDGET_FRACTION if ram_budget is None else ram_budget
-    shard_numel = pick_shard_numel(budget)
     batches = BatchStream(load_corpus(), context=config.context, batch_size=batch_size, seed=seed)
     params = list(model.parameters())
     ref_opt = reference_optimizer(list(reference.parameters()))
@@ -198,8 +181,7 @@ def train(
         lr=LR,
         weight_decay=WEIGHT_DECAY,
         state_dir=None if state_dir is None else str(state_dir),
-        ram_budget=budget,
-        shard_numel=shard_numel,
+        ram_budget=budget,  # shard_numel=None: the optimizer picks shards whose arena takes half of it
         prefetch_depth=PREFETCH_DEPTH,
     )
     # LR schedules work on TieredAdamW as on any torch optimizer; both follow the same one.
