@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "_version": 0, "errors": 0, "sizes": 0, "faults": 0, "dtensor": 0,
     # 1: pure descriptions and arithmetic (no I/O)
     "layout": 1, "hyper": 1, "knobs": 1, "kernel": 1, "integrity": 1, "factory": 1, "distributed": 1,
+    "commit_policy": 1,
     "spec": 2, "budget": 2, "manifest": 2, "torch_format": 2, "deepspeed_config": 3,
     # 4: memory and files
     "hostmem": 4, "backends": 4, "backends.base": 4, "backends.direct": 4, "backends.mmap_file": 4,

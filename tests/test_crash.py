@@ -26,10 +26,9 @@ def _check_kill_and_resume(tmp_path, job: CrashJob, result) -> None:
             committed = reader.step_count
             errors = [p for p in reader.verify() if p.severity == "error"]
         assert not errors, errors
-        # The directory says which step it holds: the last reported one or the next.
-        assert committed in (result.completed, result.completed + 1) or (
-            result.completed == -1 and committed == 0
-        ), (committed, result)
+        # The directory holds a commit no earlier than the last one the child reported as
+        # committed, and no later than the step it was working on.
+        assert result.committed <= committed <= max(result.completed, 0) + 1, (committed, result)
     else:
         # Killed before the very first commit: nothing to resume, a fresh start is right.
         assert result.completed == -1
@@ -39,8 +38,11 @@ def _check_kill_and_resume(tmp_path, job: CrashJob, result) -> None:
     assert compare(job, out) == []
 
 
-@pytest.mark.parametrize("point", faults.POINTS)
-@pytest.mark.parametrize("after", [1, 4])
+# The in-flight marker is made durable once per open (it stays until a clean close).
+KILLS = [(p, a) for p in faults.POINTS for a in (1, 4) if not (p == "inflight-marker" and a > 1)]
+
+
+@pytest.mark.parametrize("point, after", KILLS)
 def test_kill_at_named_point_then_resume_is_bitwise_exact(tmp_path, point, after):
     job = CrashJob(state_dir=str(tmp_path / "state"), steps=STEPS, backend="direct")
     result = run_child(job, crash=(point, after))

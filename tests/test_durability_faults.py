@@ -42,6 +42,7 @@ def _steps(opt: TieredAdamW, params, job: CrashJob, upto: int) -> None:
         for p, g in zip(params, gradients(job, step)):
             p.grad = g
         opt.step()
+    opt.commit()  # commits finish in the background: wait before looking at the directory
 
 
 def _finish_and_compare(job: CrashJob, tmp_path: Path) -> None:
@@ -103,7 +104,10 @@ def test_disk_full_while_writing_the_manifest(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "write", full)
     for p, g in zip(params, gradients(job, 2)):
         p.grad = g
+    opt.step()  # its commit finishes in the background: the error comes when one waits for it
     with pytest.raises(DiskFullError, match="manifest.json"):
+        opt.commit()
+    with pytest.raises(StepFailedError, match="resume=True"):
         opt.step()
     monkeypatch.setattr(os, "write", real_write)
     opt.close()
@@ -147,7 +151,8 @@ def test_real_full_filesystem_at_construction_and_at_commit(small_fs, tmp_path):
     for p, g in zip(params, gradients(job, 2)):
         p.grad = g
     with pytest.raises(DiskFullError):
-        opt.step()
+        opt.step()  # streamed shards are written by the step itself...
+        opt.commit()  # ...the manifest by its commit, in the background: waiting raises
     opt.close()
     filler.unlink()
     with StateReader(job.state_dir) as reader:

@@ -339,6 +339,7 @@ def test_second_optimizer_on_an_open_state_dir(workdir: Path, second_kwargs, sna
         for p in ps:
             p.grad = torch.ones_like(p)
         first.step()
+        first.commit()  # commits finish in the background: let this one land before the snapshot
         before = snapshot(workdir)
         kwargs = dict(state_dir=state, ram_budget=SMALL_BUDGET) | second_kwargs
         with pytest.raises(StateDirInUseError) as info:
@@ -403,6 +404,7 @@ def step_both(opt, ref, ps, twin, *, seed: int) -> None:
         g = torch.randn(p.shape, generator=gen)
         p.grad, q.grad = g, g.clone()
     opt.step()
+    opt.commit()  # commits finish in the background: let this one land before a test's snapshot
     ref.step()
 
 

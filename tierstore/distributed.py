@@ -6,12 +6,14 @@ own ``TieredAdamW`` over the parameters (or local shards) it owns, and keeps
 their state in its own directory: ``state_dir/rank{N}`` when the process
 group has more than one rank (or wherever ``{rank}`` appears in the path).
 
-Ranks commit their steps independently, so after a crash they may hold
-different last commits; they can differ by at most one step, because a rank
-cannot finish step N+2's backward (which needs every rank's collectives)
-before every rank finished step N+1. On resume, the ranks agree on the
-smallest last commit and the ranks ahead roll back one step (a durable
-directory keeps the commit before its last). A rank killed before its
+Ranks agree at every step's end whether to commit it (:func:`all_agree`),
+so they commit the same steps; a commit runs in the background, so after a
+crash they may hold different last commits, but at most one commit apart:
+no rank starts a new commit, or overwrites a stale copy, before every rank's
+last commit is durable (the ranks meet at the start of each step,
+:func:`barrier`). On resume, the ranks agree on the smallest last commit and
+the ranks ahead roll back one commit (a durable directory keeps the commit
+before its last). A rank killed before its
 first commit has no state; it counts as step 0, which its fresh start
 reproduces exactly. ``docs/distributed.md`` has the whole story.
 
@@ -53,6 +55,36 @@ def rank_state_dir(state_dir: str | Path) -> str:
     return text
 
 
+def _device() -> torch.device:
+    """Where the default group's collectives take their tensors (NCCL: the current GPU)."""
+    if torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_agree(mine: bool) -> bool:
+    """True when every rank says true (a collective: all ranks must call it; without a group: ``mine``).
+
+    Ranks decide together when to commit, so that every rank commits the same steps.
+
+    Example
+    -------
+    >>> all_agree(True)
+    True
+    """
+    if rank_and_world()[1] == 1:
+        return mine
+    vote = torch.tensor([0 if mine else 1], dtype=torch.int64, device=_device())
+    torch.distributed.all_reduce(vote, op=torch.distributed.ReduceOp.MAX)
+    return int(vote[0]) == 0
+
+
+def barrier() -> None:
+    """Wait until every rank got here (a collective; nothing without a process group)."""
+    if rank_and_world()[1] > 1:
+        all_agree(True)  # a tiny all-reduce works on every backend, NCCL included
+
+
 def agree_on_step(local_steps: list[int] | None) -> int | None:
     """The committed step every rank can resume at (a collective: all ranks must call it).
 
@@ -80,8 +112,7 @@ def agree_on_step(local_steps: list[int] | None) -> int | None:
     if world == 1:
         return local_steps[0] if local_steps else None
     dist = torch.distributed
-    backend = dist.get_backend()
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    device = _device()
     last = local_steps[0] if local_steps else -1
     stats = torch.tensor([last, -max(last, 0)], dtype=torch.int64, device=device)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)

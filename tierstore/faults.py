@@ -25,10 +25,11 @@ POINTS = (
     "after-read",  # a shard was read and verified, not yet updated
     "mid-update",  # a shard's moments are updated, parameters not yet written
     "mid-write",  # one request of a shard's write reached the file, others may not
+    "persist-issued",  # a commit's resident-shard writes are issued; it finishes in the background
     "before-sync",  # all writes issued and finished, not yet fsynced
     "manifest-tmp",  # the new manifest is durable under its temporary name
     "manifest-renamed",  # renamed over the old one, directory not yet fsynced
-    "after-commit",  # committed; the in-flight marker not yet removed
+    "after-commit",  # committed: the manifest is durable
 )
 
 _armed: dict[str, int] = {}

@@ -11,22 +11,31 @@ each shard is committed) and the manifest's content
 - **A change** (:meth:`Journal.changing`): with durability the directory is
   marked in flight before any stale copy is overwritten; a change that fails
   part-way forgets its writes, so the committed copies stay authoritative.
-- **A commit** (:meth:`Journal.commit`): with durability, sync the files,
-  adopt the new copies, then replace the manifest atomically; without it,
-  mark the manifest dirty once (a crash then leaves a directory that is
-  refused on resume).
-- **A clean close** (:meth:`Journal.close`): without durability, write the
-  resident shards out and commit a clean manifest, so the directory resumes.
+- **A commit** (:meth:`Journal.end_step`, :meth:`Journal.commit`): with
+  durability, when the commit policy (:mod:`tierstore.commit_policy`) says
+  so, the resident shards changed since their last write start writing into
+  their stale copies, and a background thread waits for them, syncs the
+  files, adopts the new copies and replaces the manifest atomically. The
+  loop goes on meanwhile: the next step updates a resident shard only after
+  its write finished (the store waits per shard), and writes a streamed shard
+  only after the commit is durable (:meth:`Journal.before_write`), so no
+  copy a commit needs is overwritten. Without durability, the manifest is
+  marked dirty once (a crash then leaves a directory that is refused on
+  resume).
+- **A clean close** (:meth:`Journal.close`): durable, commit the last step
+  and wait for it; without durability, write the resident shards out and
+  commit a clean manifest, so the directory resumes.
 
-The promise: a kill at any instant leaves the directory at the last
-committed step (durable mode), with every committed shard checksummed.
+The promise: a kill or power cut at any instant leaves the directory at the
+last commit whose manifest was durable (:attr:`Journal.committed_step` says
+which), with every committed shard checksummed.
 
 Example
 -------
 >>> import tempfile
 >>> journal = Journal.open(tempfile.mkdtemp(), resume=False, resume_step=None, durable=True)
->>> journal.saved is None, journal.durable
-(True, True)
+>>> journal.saved is None, journal.durable, journal.committed_step
+(True, True, None)
 >>> journal.release()
 """
 
@@ -34,29 +43,53 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import distributed
 from . import manifest as manifest_mod
+from .commit_policy import CommitClock, CommitPolicy, due
 from .errors import ConfigError, CorruptStateError, StateExistsError
 from .faults import crash_point
 from .layout import Layout
 from .statedir import MANIFEST, StateDir
-from .store import ShardStore
+from .store import ShardStore, ShardTransfer
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Progress:
-    """What a commit records besides the shards: the optimizer's step bookkeeping."""
+    """What a commit records besides the shards: the optimizer's step bookkeeping, snapshotted.
+
+    Build it with :meth:`capture` when the step ends: a commit finishes in the
+    background, after the loop may have moved on.
+    """
 
     step_count: int
-    param_steps: Sequence[float | None]
-    groups: Sequence[dict[str, Any]]
+    param_steps: tuple[float | None, ...]
+    groups: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+    @classmethod
+    def capture(cls, step_count: int, param_steps: Sequence[float | None], groups: Sequence[dict[str, Any]]) -> Progress:
+        """A snapshot: copies of the steps, and the groups encoded as the manifest keeps them."""
+        return cls(int(step_count), tuple(param_steps), tuple(manifest_mod.encode_groups(groups)))
+
+
+@dataclass
+class CommitStats:
+    """What the commits of a run cost so far (seconds; bytes written for resident shards)."""
+
+    commits: int = 0
+    deferred: int = 0  # commits the policy wanted while another was still in flight
+    resident_bytes: int = 0
+    last_seconds: float = 0.0
+    max_lag: int = 0  # largest step_count - committed_step seen at a step's end
 
 
 class Journal:
@@ -65,12 +98,26 @@ class Journal:
     Build with :meth:`open`; :meth:`bind` the store once it exists.
     """
 
-    def __init__(self, statedir: StateDir | None, *, durable: bool, saved: dict | None = None) -> None:
+    def __init__(
+        self,
+        statedir: StateDir | None,
+        *,
+        durable: bool,
+        saved: dict | None = None,
+        policy: CommitPolicy | None = None,
+    ) -> None:
         self.statedir = statedir
         self.durable = durable
         self.saved = saved  # the manifest to resume from (None: fresh state)
+        self.policy = policy or CommitPolicy()
+        self.committed_step: int | None = None if saved is None else int(saved["step_count"])
+        self.clock = CommitClock(last_commit_step=self.committed_step or 0)
+        self.stats = CommitStats()
         self._last_manifest = saved  # the next commit's "previous"
         self._dirty_marked = False
+        self._pool: ThreadPoolExecutor | None = None
+        self._inflight: Future | None = None
+        self._lock = threading.Lock()
         self.store: ShardStore | None = None
         self.layout: Layout | None = None
         self.ram_budget: int | None = None
@@ -94,7 +141,15 @@ class Journal:
             raise ConfigError("resume=True needs the state_dir to resume from; pass state_dir=...")
 
     @classmethod
-    def open(cls, state_dir: str | None, *, resume: bool, resume_step: int | None, durable: bool | None) -> Journal:
+    def open(
+        cls,
+        state_dir: str | None,
+        *,
+        resume: bool,
+        resume_step: int | None,
+        durable: bool | None,
+        policy: CommitPolicy | None = None,
+    ) -> Journal:
         """Lock ``state_dir`` (this rank's, under torch.distributed) and find the resume point.
 
         ``durable=None`` means durable exactly when there is a ``state_dir``.
@@ -111,14 +166,14 @@ class Journal:
         """
         durable = (state_dir is not None) if durable is None else bool(durable)
         if state_dir is None:
-            return cls(None, durable=durable)
+            return cls(None, durable=durable, policy=policy)
         statedir = StateDir(distributed.rank_state_dir(state_dir)).open()
         try:
             saved = _resume_point(statedir, resume, resume_step)
         except BaseException:
             statedir.close(discard=True)
             raise
-        return cls(statedir, durable=durable, saved=saved)
+        return cls(statedir, durable=durable, saved=saved, policy=policy)
 
     def use_private_dir(self) -> None:
         """Give state that must stream a private temporary directory (removed on release); never durable."""
@@ -135,47 +190,156 @@ class Journal:
         """True when the state lives in a user's ``state_dir`` (not in RAM or a private directory)."""
         return self.statedir is not None and not self.statedir.private
 
+    @property
+    def committing(self) -> bool:
+        """True when durable commits happen (a user's state_dir, durable mode)."""
+        return self.durable and self.persistent
+
     def bind(self, store: ShardStore, layout: Layout, ram_budget: int | None) -> None:
         """Attach the open store whose shards this journal commits."""
         self.store, self.layout, self.ram_budget = store, layout, ram_budget
 
-    # -- changes and commits -------------------------------------------
+    # -- changes ------------------------------------------------------
     @contextlib.contextmanager
     def changing(self) -> Iterator[None]:
-        """Run a change of the state; on failure forget its writes (the committed copies stay)."""
+        """Run a change of the state; on failure forget its writes (the committed copies stay).
+
+        Durable: the in-flight marker is made durable first (once: it stays
+        until a clean close), so ``verify`` knows stale copies may be
+        half-written.
+        """
         try:
-            if self.durable and self.statedir is not None:
-                self.statedir.begin_writes()
+            self._mark_in_flight()
             yield
         except BaseException:
+            self._settle()  # a commit in flight still adopts its own writes, then ours are forgotten
             if self.store is not None:
                 self.store.abort()
             raise
 
-    def commit(self, progress: Progress) -> None:
-        """Make the last change durable and name it in the manifest (durable mode).
+    def _mark_in_flight(self) -> None:
+        if self.durable and self.statedir is not None:
+            self.statedir.begin_writes()
 
-        Without durability only the first change after a clean state marks the
-        manifest dirty; :meth:`close` writes the clean one.
+    def before_write(self) -> float:
+        """Wait until no commit in flight needs the copies a streamed write may overwrite; seconds waited.
+
+        Under torch.distributed every rank's commit must be durable before any
+        rank overwrites a stale copy (a rank behind may have to roll back to
+        the commit before), so the ranks also meet here.
+        """
+        t0 = time.perf_counter()
+        self.wait()
+        return time.perf_counter() - t0
+
+    def start_of_step(self) -> float:
+        """Called as a step starts: raises what a finished commit raised; under
+        torch.distributed with durability, every rank's last commit is durable
+        before any rank changes state. Seconds waited."""
+        inflight = self._inflight
+        if inflight is not None and inflight.done():
+            inflight.result()  # a commit that failed in the background fails the next step
+        if not self.committing or distributed.rank_and_world()[1] == 1:
+            return 0.0
+        t0 = time.perf_counter()
+        self.wait()
+        distributed.barrier()
+        return time.perf_counter() - t0
+
+    # -- commits ------------------------------------------------------
+    def end_step(self, progress: Progress, *, gap: float, step_seconds: float, stall: float) -> bool:
+        """A step ended: start its commit if the policy says so. Returns whether one started.
+
+        ``gap`` is the loop's time between the previous step's end and this
+        step's start, ``step_seconds`` this step's time, ``stall`` what it
+        waited for the previous commit.
+        """
+        store, statedir = self.store, self.statedir
+        if statedir is None or store is None:
+            return False
+        clock = self.clock
+        if clock.last_commit_step == progress.step_count - 1:
+            clock.last_stall = stall  # the step right after a commit started shows what it cost
+        clock.gap, clock.step_seconds = gap, step_seconds
+        if not self.durable or statedir.private:
+            self._commit_without_durability(progress)
+            return False
+        in_flight = self._inflight is not None and not self._inflight.done()
+        wanted = due(self.policy, clock, step=progress.step_count, now=time.monotonic(), in_flight=in_flight)
+        if distributed.rank_and_world()[1] > 1:
+            wanted = distributed.all_agree(wanted and not in_flight)
+        lag = progress.step_count - (self.committed_step or 0)
+        self.stats.max_lag = max(self.stats.max_lag, lag)
+        if not wanted:
+            if in_flight and due(self.policy, clock, step=progress.step_count, now=time.monotonic(), in_flight=False):
+                self.stats.deferred += 1
+            return False
+        self._start(progress)
+        return True
+
+    def commit(self, progress: Progress, *, wait: bool = True) -> None:
+        """Commit ``progress`` now (after any commit in flight), and wait for it unless ``wait=False``.
+
+        Without durability this adopts the writes (and marks the manifest dirty once).
         """
         store, statedir = self.store, self.statedir
         if statedir is None or store is None:
             return
-        if self.durable:
-            store.commit(progress.step_count)
-            body = self._manifest(progress, clean=True)
-            statedir.write_manifest(body)
-            self._last_manifest = body
-            crash_point("after-commit")
-            statedir.end_writes()
+        if not self.durable or statedir.private:
+            self._commit_without_durability(progress)
             return
-        if statedir.private:
-            store.commit(progress.step_count)
-            return
-        if not self._dirty_marked:
+        self.wait()
+        if self.committed_step != progress.step_count or store.has_uncommitted():
+            self._start(progress)
+        if wait:
+            self.wait()
+
+    def _start(self, progress: Progress) -> None:
+        """Start writing the changed resident shards, and commit them in the background."""
+        self._mark_in_flight()
+        started = time.monotonic()
+        transfers = self.store.persist_resident()
+        self.stats.resident_bytes += sum(t.nbytes for t in transfers)
+        crash_point("persist-issued")
+        self.clock.last_commit_step = progress.step_count
+        self.clock.last_commit_started = started
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierstore-commit")
+        self._inflight = self._pool.submit(self._finish, progress, transfers, started)
+
+    def _finish(self, progress: Progress, transfers: list[ShardTransfer], started: float) -> None:
+        """The background half of a commit: persists done, files synced, manifest replaced."""
+        for transfer in transfers:
+            transfer.wait()
+        self.store.commit(progress.step_count, persist=False)
+        body = self._manifest(progress, clean=True)
+        self.statedir.write_manifest(body)
+        self._last_manifest = body
+        with self._lock:
+            self.committed_step = progress.step_count
+        crash_point("after-commit")
+        seconds = time.monotonic() - started
+        self.clock.last_commit_seconds = seconds
+        self.stats.commits += 1
+        self.stats.last_seconds = seconds
+
+    def wait(self) -> None:
+        """Wait for the commit in flight, if any; raise what it raised."""
+        inflight = self._inflight
+        if inflight is not None:
+            inflight.result()
+
+    def _settle(self) -> None:
+        with contextlib.suppress(BaseException):  # the caller's error is the one that matters
+            self.wait()
+
+    def _commit_without_durability(self, progress: Progress) -> None:
+        """Adopt the writes (no sync); a user's directory gets a dirty manifest once."""
+        statedir = self.statedir
+        if not statedir.private and not self._dirty_marked:
             statedir.write_manifest(self._manifest(progress, clean=False))
             self._dirty_marked = True
-        store.commit(progress.step_count)
+        self.store.commit(progress.step_count)
 
     def _manifest(self, progress: Progress, *, clean: bool) -> dict:
         store = self.store
@@ -192,7 +356,7 @@ class Journal:
             previous=self._last_manifest,
         )
 
-    def committed_step(self) -> int | str:
+    def committed_step_text(self) -> int | str:
         """The step a resume would start from, for messages (``"none: ..."`` without a state_dir)."""
         if not self.persistent:
             return "none: no state_dir"
@@ -203,16 +367,24 @@ class Journal:
 
     # -- closing ------------------------------------------------------
     def close(self, progress: Progress) -> None:
-        """A clean close: without durability, write resident shards and a clean manifest."""
+        """A clean close: durable, commit the last step and wait; else write resident shards and a clean manifest."""
         store, statedir = self.store, self.statedir
-        if store is None or statedir is None or statedir.private or self.durable:
+        if store is None or statedir is None or statedir.private:
+            return
+        if self.durable:
+            self.commit(progress, wait=True)
+            statedir.end_writes()
             return
         store.flush_resident()
         store.commit(progress.step_count)
         statedir.write_manifest(self._manifest(progress, clean=True))
 
     def release(self, *, discard: bool = False) -> None:
-        """Release the lock (a private directory is removed); ``discard`` undoes a failed start. Safe twice."""
+        """Stop the commit thread (after its commit), release the lock; ``discard`` undoes a failed start."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            self._settle()
+            pool.shutdown(wait=True)
         statedir, self.statedir = self.statedir, None
         if statedir is not None:
             statedir.close(discard=discard)

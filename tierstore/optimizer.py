@@ -31,6 +31,7 @@ from torch import Tensor
 
 from .access import ShardVisit
 from .budget import TierPlan, plan_tiers
+from .commit_policy import CommitPolicy
 from .dtensor import local_tensor, placed_like
 from .errors import BudgetError, ConfigError, ParamsChangedError
 from .hyper import GroupHyper, check_hyper, scalar_betas
@@ -38,8 +39,8 @@ from .journal import Journal
 from .knobs import Knobs, check_int
 from .layout import Layout, ShardSpec
 from .manifest import check_same_model, decode_group, saved_layout
-from .pipeline import RunStats, ShardPipeline
-from .runtime import Runtime
+from .pipeline import ShardPipeline
+from .runtime import Runtime, StepStats
 from .sizes import format_size, parse_size
 from .spec import StateSpec, check_param_kinds, decide_for
 from .store import ShardStore
@@ -103,10 +104,19 @@ class TieredAdamW(torch.optim.Optimizer):
         (``None``: all cores but one, which the I/O threads keep). Steps with
         all state in RAM use torch's own setting. A tuning knob.
     durable
-        Make every step a crash-consistent checkpoint in ``state_dir`` (two
-        copies of every shard, an atomically replaced manifest). ``None``:
+        Keep ``state_dir`` crash-consistent: commits (two copies of every
+        shard, an atomically replaced manifest) that a crash or power cut
+        never loses; ``resume=True`` restores exactly the last one. ``None``:
         on when a ``state_dir`` is given. With ``durable=False`` a
         ``state_dir`` is resumable only after a clean :meth:`close`.
+    commit_every
+        How often a durable optimizer commits (the recovery point):
+        ``"auto"`` (as often as the drive keeps up without stalling the
+        training loop, at least every 5 minutes), a step count, a duration
+        such as ``"10min"``, or both as a pair. Commits run in the background
+        while the loop computes; :attr:`committed_step` says which step a
+        crash now would resume at, :meth:`commit` waits for one. See
+        :mod:`tierstore.commit_policy`.
     resume
         Continue the state in ``state_dir``: the layout fingerprint must match
         these parameters; moments, step counts, hyperparameters and masters
@@ -167,6 +177,7 @@ class TieredAdamW(torch.optim.Optimizer):
         pin_memory: bool | None = None,
         update_threads: int | None = None,
         durable: bool | None = None,
+        commit_every: Any = "auto",
         resume: bool = False,
         resume_step: int | None = None,
         restore_params: bool = True,
@@ -186,6 +197,7 @@ class TieredAdamW(torch.optim.Optimizer):
         if shard_numel is not None:
             check_int("shard_numel", shard_numel, 1)
         Journal.check_arguments(state_dir, durable=durable, resume=resume)
+        policy = CommitPolicy.parse(commit_every)
         defaults = dict(lr=lr, betas=scalar_betas(betas), eps=eps, weight_decay=weight_decay)
         defaults.update(amsgrad=bool(amsgrad), maximize=bool(maximize), **GROUP_DEFAULTS)
         self._building = True
@@ -195,7 +207,7 @@ class TieredAdamW(torch.optim.Optimizer):
             check_hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"], f" in param group {gi}")
         self._params: list[Tensor] = [p for g in self.param_groups for p in g["params"]]
         check_param_kinds(self._params)
-        journal = Journal.open(state_dir, resume=resume, resume_step=resume_step, durable=durable)
+        journal = Journal.open(state_dir, resume=resume, resume_step=resume_step, durable=durable, policy=policy)
         self._rt = self._start(journal, shard_numel=shard_numel, keep_master=keep_master, restore_params=restore_params)
         # Every copy of this object shares the runtime and this token; when the last
         # one is gone, the runtime closes (instead of a __del__ that a copy would run).
@@ -348,14 +360,10 @@ class TieredAdamW(torch.optim.Optimizer):
             staging=rt.store.staging_buffer if self._spec.staged else None,
             uploads=rt.uploads if self._spec.cuda else None,
         )
-        with rt.mutation():
-            if active:
-                update.step_counts()
-                streams = any(not rt.store.is_resident(i) for i in update.shards)
-                with intra_op_threads(self._knobs.streaming_threads if streams else None):
-                    rt.last_run = rt.pipeline.run(update.shards, update)
-            rt.step_count += 1
-            rt.commit()
+        update.step_counts()
+        streams = any(not rt.store.is_resident(i) for i in update.shards)
+        threads = intra_op_threads(self._knobs.streaming_threads if streams else None)
+        rt.run_step(update.shards, update, threads=threads)
         return loss
 
     def _check_params(self) -> None:
@@ -551,6 +559,33 @@ class TieredAdamW(torch.optim.Optimizer):
         return self._rt.step_count if self._rt is not None else 0
 
     @property
+    def committed_step(self) -> int | None:
+        """The step a crash (process kill or power loss) now would resume at.
+
+        ``None`` without durability (no ``state_dir``, or ``durable=False``).
+        Commits finish in the background, so this may lag :attr:`step_count`;
+        :meth:`commit` waits.
+        """
+        return self._rt.committed_step if self._rt is not None else None
+
+    def commit(self, *, wait: bool = True) -> int | None:
+        """Commit the current step now (unless it is committed already) and wait until it is durable.
+
+        For a user who wants "this step is durable" before, say, logging it.
+        ``wait=False`` only starts it. Returns :attr:`committed_step`.
+        Without durability this does nothing and returns ``None``.
+
+        Raises
+        ------
+        ClosedError, StepFailedError
+            If the optimizer is closed, or a step or commit failed before.
+        """
+        rt = self._runtime()
+        with rt.mutation():
+            rt.journal.commit(rt.progress(), wait=wait)
+        return rt.committed_step
+
+    @property
     def state_dir(self) -> str | None:
         """The state directory in use, or ``None`` when all state is in RAM without one."""
         directory = self._rt.journal.directory if self._rt is not None else None
@@ -580,8 +615,9 @@ class TieredAdamW(torch.optim.Optimizer):
         return 0 if rt is None or rt.closed else rt.store.disk_nbytes
 
     @property
-    def last_step_stats(self) -> RunStats | None:
-        """Time split of the last :meth:`step` (read wait, update, write wait)."""
+    def last_step_stats(self) -> StepStats | None:
+        """The last :meth:`step`: its time split (read wait, update, write wait, waits for
+        commits), bytes read and written to the drive, and whether a commit started."""
         return self._rt.last_run if self._rt is not None else None
 
     def describe(self) -> str:

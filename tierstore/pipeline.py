@@ -59,6 +59,10 @@ class RunStats:
     read_wait: float = 0.0
     update: float = 0.0
     write_wait: float = 0.0
+    persist_wait: float = 0.0  # waiting for a commit to finish writing a resident shard
+    commit_wait: float = 0.0  # waiting for a commit to finish before overwriting a stale copy
+    bytes_read: int = 0
+    bytes_written: int = 0
     total: float = 0.0
     order: list[int] = field(default_factory=list)
 
@@ -109,11 +113,16 @@ class ShardPipeline:
         *,
         read: bool = True,
         write: bool = True,
+        before_write: Callable[[], float] | None = None,
     ) -> RunStats:
         """Call ``update(shard, buffer)`` once for every shard index in ``shards``.
 
         ``read=False`` skips reading disk shards (``update`` fills the slot from
         scratch); ``write=False`` skips writing them back (read-only visits).
+        ``before_write`` runs once before the first disk shard is written (it
+        returns the seconds it waited): a commit in flight must be durable
+        before a stale copy is overwritten. Resident shards are claimed from
+        the store before a writing visit (a commit may still be writing them).
         On an error every transfer in flight is awaited before it propagates,
         so no slot is written into after ``run`` returns.
         """
@@ -135,7 +144,7 @@ class ShardPipeline:
         writing: deque[tuple[int, ShardTransfer]] = deque()  # slots being written, oldest first
         reading: deque[tuple[int, int, ShardTransfer | None]] = deque()  # (shard, slot, transfer)
         in_flight: set[int] = set()
-        resident_writes: list[ShardTransfer] = []  # durable stores persist resident shards too
+        gate = [before_write]  # called once, before the first write
 
         def take_slot(block: bool) -> int | None:
             for k in range(n_slots):
@@ -161,6 +170,7 @@ class ShardPipeline:
                 transfer = store.read(shard, k) if read else None
                 if read:
                     stats.reads += 1
+                    stats.bytes_read += store.entries[shard].nbytes
                 reading.append((shard, k, transfer))
 
         def visit(shard: int, buffer: torch.Tensor) -> None:
@@ -172,16 +182,23 @@ class ShardPipeline:
 
         def finish_slot(shard: int, k: int) -> None:
             if write:
+                if gate[0] is not None:
+                    stats.commit_wait += gate[0]()
+                    gate[0] = None
                 writing.append((k, store.write(shard, k)))
                 stats.writes += 1
+                stats.bytes_written += store.entries[shard].nbytes
 
         try:
             issue_reads()
             for i in ram:
-                visit(i, store.resident_buffer(i))
-                if write and store.persisted(i):
-                    resident_writes.append(store.write_resident(i))
-                    stats.writes += 1
+                if write:
+                    t0 = time.perf_counter()
+                    buffer = store.claim_resident(i)
+                    stats.persist_wait += time.perf_counter() - t0
+                else:
+                    buffer = store.resident_buffer(i)
+                visit(i, buffer)
             for i in hits:
                 k = self._slot_of[i]
                 stats.cache_hits += 1
@@ -210,8 +227,6 @@ class ShardPipeline:
             while writing:
                 _, transfer = writing.popleft()
                 transfer.wait()
-            for transfer in resident_writes:
-                transfer.wait()
             stats.write_wait += time.perf_counter() - t0
         except BaseException:
             # Let every request finish before anyone reuses the slots, then forget
@@ -220,8 +235,6 @@ class ShardPipeline:
                 if transfer is not None:
                     _quiet_wait(transfer)
             for _, transfer in writing:
-                _quiet_wait(transfer)
-            for transfer in resident_writes:
                 _quiet_wait(transfer)
             self.invalidate()
             raise

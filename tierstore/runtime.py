@@ -28,9 +28,12 @@ Example
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import time
 import weakref
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
@@ -43,6 +46,23 @@ from .torch_format import param_steps
 from .update import UploadBuffers
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepStats(RunStats):
+    """One step: the pipeline's time split and traffic, plus what its commit wrote.
+
+    ``drive_bytes`` is what this step wrote to the drive: its streamed shards
+    and, when a commit started at its end, the resident shards that commit
+    writes (once per commit, not once per step).
+    """
+
+    committed: bool = False  # a commit of this step started at its end
+    commit_bytes: int = 0  # resident bytes that commit writes
+    drive_bytes: int = 0
+    committed_step: int | None = None  # the last durable commit when the step ended
+    step_seconds: float = 0.0  # the step's own wall time
+    gap_seconds: float = 0.0  # the loop's time since the previous step ended
 
 
 class _Owner:
@@ -79,7 +99,8 @@ class Runtime:
         self.pipeline = pipeline
         self.uploads = UploadBuffers()
         self.step_count = 0
-        self.last_run: RunStats | None = None
+        self.last_run: StepStats | None = None
+        self._last_step_end: float | None = None
         self.failure: BaseException | None = None
         self.closed = False
         self._state = state
@@ -93,8 +114,13 @@ class Runtime:
         return token
 
     def progress(self) -> Progress:
-        """The step bookkeeping a commit records now."""
-        return Progress(self.step_count, param_steps(self._state, self._params), self._param_groups)
+        """A snapshot of the step bookkeeping a commit records."""
+        return Progress.capture(self.step_count, param_steps(self._state, self._params), self._param_groups)
+
+    @property
+    def committed_step(self) -> int | None:
+        """The step a crash now would resume at (``None``: nothing committed, or no durability)."""
+        return self.journal.committed_step if self.journal.committing else None
 
     # -- changes ------------------------------------------------------
     @contextlib.contextmanager
@@ -113,8 +139,39 @@ class Runtime:
             raise
 
     def commit(self) -> None:
-        """Commit the last change with the current step bookkeeping."""
-        self.journal.commit(self.progress())
+        """Commit the last change with the current step bookkeeping, and wait until it is durable."""
+        self.journal.commit(self.progress(), wait=True)
+
+    def run_step(self, shards: Sequence[int], update: Any, *, threads: Any) -> None:
+        """One step: the update of ``shards`` through the pipeline, the step count, its commit.
+
+        ``threads`` is the intra-op thread setting to run the update under.
+        """
+        started = time.monotonic()
+        gap = 0.0 if self._last_step_end is None else started - self._last_step_end
+        with self.mutation():
+            stall = self.journal.start_of_step()
+            run = RunStats()
+            if shards:
+                with threads:
+                    run = self.pipeline.run(shards, update, before_write=self.journal.before_write)
+            self.step_count += 1
+            ended = time.monotonic()
+            stall += run.persist_wait + run.commit_wait
+            resident_before = self.journal.stats.resident_bytes
+            committed = self.journal.end_step(self.progress(), gap=gap, step_seconds=ended - started, stall=stall)
+        self._last_step_end = time.monotonic()
+        if shards:
+            commit_bytes = self.journal.stats.resident_bytes - resident_before
+            self.last_run = StepStats(
+                **dataclasses.asdict(run),
+                committed=committed,
+                commit_bytes=commit_bytes,
+                drive_bytes=run.bytes_written + commit_bytes,
+                committed_step=self.committed_step,
+                step_seconds=ended - started,
+                gap_seconds=gap,
+            )
 
     def require_open(self) -> None:
         """Raise if the optimizer is closed or an earlier change failed part-way."""
@@ -124,9 +181,9 @@ class Runtime:
             durable = self.journal.durable and self.journal.persistent
             where = f" from state_dir={str(self.journal.directory)!r}" if durable else ""
             raise StepFailedError(
-                f"an earlier step failed part-way ({type(self.failure).__name__}: {self.failure}); "
+                f"an earlier step or commit failed part-way ({type(self.failure).__name__}: {self.failure}); "
                 f"this optimizer's state is half-updated. Build a new TieredAdamW with resume=True"
-                f"{where} to continue from the last committed step ({self.journal.committed_step()})"
+                f"{where} to continue from the last committed step ({self.journal.committed_step_text()})"
             ) from self.failure
 
     # -- lifetime -----------------------------------------------------

@@ -10,12 +10,16 @@ has one extent per shard at a fixed offset (shards in index order), so the
 files do not depend on which shards are resident: a run may resume with
 another ``ram_budget``. Only extents that will be written are allocated.
 
-Durability. With ``durable=True`` every shard (resident ones too) is written
-each time it changes, into the copy that is *not* committed; :meth:`commit`
-makes those writes durable and only then adopts them, so the committed copy
-of every shard is never overwritten before the manifest moves past it.
-Without durability, disk shards are rewritten in place and resident shards
-stay in RAM until :meth:`flush_resident`.
+Durability. With ``durable=True`` every write goes into the copy that is
+*not* committed: a streamed shard's each time it changes, a resident shard's
+when a commit wants it (:meth:`persist_resident` writes the resident shards
+changed since their last write). A shard written since the last commit is
+read back from that newest copy. :meth:`commit` makes the writes durable and
+only then adopts them, so the committed copy of every shard is never
+overwritten before the manifest moves past it. A resident shard is changed
+again only after its write finished (:meth:`claim_resident` waits). Without
+durability, disk shards are rewritten in place and resident shards stay in
+RAM until :meth:`flush_resident`.
 
 Integrity. Every write computes the extent's checksum on the I/O workers;
 every read recomputes it and compares with the committed one before the
@@ -36,7 +40,9 @@ Example
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +75,9 @@ class ShardEntry:
     checksum: str | None = None  # checksum of the committed bytes (None: nothing committed)
     written_step: int = -1  # the step_count whose commit wrote the committed bytes
     stale_checksum: str | None = None  # checksum of the other copy (the previous commit), if intact
-    pending: tuple[int, str] | None = None  # (copy, checksum) written since the last commit
+    pending: tuple[int, str] | None = None  # (copy, checksum) written since the last commit: the newest bytes
+    dirty: bool = False  # resident: changed since its bytes were last written
+    persist: ShardTransfer | None = None  # resident: its write for a commit, while in flight
 
     def record(self) -> dict:
         """What the manifest keeps of this shard."""
@@ -82,14 +90,25 @@ class ShardEntry:
 
 
 class ShardTransfer:
-    """A :class:`~tierstore.transfer.Transfer` of one shard plus the check or bookkeeping after it."""
+    """A :class:`~tierstore.transfer.Transfer` of one shard plus the check or bookkeeping after it.
 
-    __slots__ = ("_transfer", "_after", "_finished")
+    Several threads may wait for one transfer (a commit and the next step both
+    wait for a resident shard's write): the bookkeeping runs once, and every
+    waiter sees its error.
+    """
+
+    __slots__ = ("_transfer", "_after", "_done", "_error", "_lock")
 
     def __init__(self, transfer: Transfer, after: Callable[[], None]) -> None:
         self._transfer = transfer
         self._after = after
-        self._finished = False
+        self._done = False
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        return self._transfer.nbytes
 
     def done(self) -> bool:
         return self._transfer.done()
@@ -97,9 +116,15 @@ class ShardTransfer:
     def wait(self) -> None:
         """Wait for the bytes, then verify (reads) or record the checksum (writes)."""
         self._transfer.wait()
-        if not self._finished:
-            self._finished = True
-            self._after()
+        with self._lock:
+            if not self._done:
+                self._done = True
+                try:
+                    self._after()
+                except BaseException as exc:
+                    self._error = exc
+            if self._error is not None:
+                raise self._error
 
 
 class ShardStore:
@@ -162,6 +187,7 @@ class ShardStore:
         self._arena: HostBuffer | None = None
         self._staging: HostBuffer | None = None
         self._dirty_copies: set[int] = set()
+        self._dirty_lock = threading.Lock()
         self._created: list[Path] = []
         self.is_open = False
 
@@ -321,8 +347,8 @@ class ShardStore:
     def _read_into(self, entry: ShardEntry, view: memoryview) -> ShardTransfer:
         assert self.io is not None
         digests = BlockDigests(entry.nbytes)
-        copy = entry.copy
-        expected = entry.checksum
+        # The newest bytes: the copy written since the last commit, else the committed one.
+        copy, expected = entry.pending if entry.pending is not None else (entry.copy, entry.checksum)
         transfer = self.io.read(self.files[copy], view, entry.offset, on_chunk=digests.update)
 
         def verify() -> None:
@@ -338,8 +364,9 @@ class ShardStore:
         digests = BlockDigests(entry.nbytes)
         # Durable: never overwrite the committed copy. Fresh shards start in copy 0.
         copy = 1 - entry.copy if (self.durable and entry.checksum is not None) else entry.copy
+        with self._dirty_lock:
+            self._dirty_copies.add(copy)
         transfer = self.io.write(self.files[copy], view, entry.offset, on_chunk=digests.update)
-        self._dirty_copies.add(copy)
 
         def record() -> None:
             entry.pending = (copy, digests.value())
@@ -363,17 +390,69 @@ class ShardStore:
         self._require_open()
         return self._write_from(self.entries[index], self._resident_view(index))
 
-    def commit(self, step: int) -> None:
-        """Make every write since the last commit durable, then adopt it as committed.
+    def claim_resident(self, index: int) -> torch.Tensor:
+        """Resident shard ``index``'s buffer, about to be changed.
 
-        Only after the files are synced do the entries point at the new
-        copies; the caller then writes the manifest naming them.
+        Waits until a commit's write of its bytes finished (the write reads
+        the buffer), then marks it changed since its last write.
+        """
+        entry = self.entries[index]
+        persist = entry.persist
+        if persist is not None:
+            persist.wait()
+            entry.persist = None
+        entry.dirty = True
+        return self.resident_buffer(index)
+
+    def persist_resident(self) -> list[ShardTransfer]:
+        """Durable: start writing every resident shard changed since its last write.
+
+        Returns the writes; :meth:`commit` makes them durable with the rest.
+        Without durability resident shards reach the files only through
+        :meth:`flush_resident`, and this does nothing.
         """
         self._require_open()
-        crash_point("before-sync")
-        for copy in sorted(self._dirty_copies):
-            self.files[copy].sync()
-        self._dirty_copies.clear()
+        if not self.durable:
+            return []
+        transfers = []
+        for entry in self.entries:
+            if entry.tier == "ram" and entry.dirty:
+                entry.persist = self._write_from(entry, self._resident_view(entry.index))
+                entry.dirty = False
+                transfers.append(entry.persist)
+        return transfers
+
+    def has_uncommitted(self) -> bool:
+        """True when some shard changed or was written since the last commit."""
+        return any(e.pending is not None or e.dirty or e.persist is not None for e in self.entries)
+
+    def commit(self, step: int, *, persist: bool = True) -> None:
+        """Make every write since the last commit durable, then adopt it as committed.
+
+        Durable: first write the resident shards changed since their last
+        write (``persist=False``: the caller did, with :meth:`persist_resident`)
+        and wait for every resident write in flight; then sync the files. Only
+        after the files are synced do the entries point at the new copies; the
+        caller then writes the manifest naming them. Without durability the
+        writes are adopted without a sync: nothing is promised after a crash.
+        """
+        self._require_open()
+        if self.durable:
+            if persist:
+                self.persist_resident()
+            for entry in self.entries:
+                transfer = entry.persist
+                if transfer is not None:
+                    transfer.wait()
+                    entry.persist = None
+            crash_point("before-sync")
+            with self._dirty_lock:
+                dirty, self._dirty_copies = sorted(self._dirty_copies), set()
+            for copy in dirty:
+                self.files[copy].sync()
+        else:
+            with self._dirty_lock:
+                self._dirty_copies.clear()
         for entry in self.entries:
             if entry.pending is not None:
                 copy, checksum = entry.pending
@@ -386,6 +465,10 @@ class ShardStore:
     def abort(self) -> None:
         """Forget writes since the last commit: the committed copies stay authoritative."""
         for entry in self.entries:
+            if entry.persist is not None:
+                with contextlib.suppress(BaseException):  # already failing: the caller's error matters
+                    entry.persist.wait()
+                entry.persist = None
             entry.pending = None
 
     def flush_resident(self) -> None:

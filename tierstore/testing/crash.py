@@ -49,6 +49,7 @@ class CrashJob:
     weight_decay: float = 1e-2
     amsgrad: bool = False
     skip_every: int = 3  # parameter k gets no gradient on steps where (step + k) % skip_every == 0
+    commit_every: object = 1  # every step, so the kills land in commits too ("auto" spaces them in a tight loop)
     extra: dict = field(default_factory=dict)
 
     def optimizer_kwargs(self) -> dict:
@@ -63,6 +64,7 @@ class CrashJob:
             backend=self.backend,
             keep_master=True,
             resume=True,
+            commit_every=self.commit_every,
             **self.extra,
         )
 
@@ -93,11 +95,15 @@ def reference(job: CrashJob) -> tuple[list[torch.Tensor], dict]:
     return [p.detach().clone() for p in params], opt.state_dict()
 
 
-def train(job: CrashJob, *, crash: tuple[str, int] | None = None, progress=None, out: str | None = None) -> None:
+def train(
+    job: CrashJob, *, crash: tuple[str, int] | None = None, progress=None, committed=None, out: str | None = None
+) -> None:
     """Resume (or start) the job in ``job.state_dir`` and train to ``job.steps``.
 
-    ``progress`` (a shared int) is set to the committed step count after
-    each step; ``out`` receives the final params and state dict.
+    ``progress`` (a shared int) is set to the completed step count after each
+    step, ``committed`` to the optimizer's ``committed_step`` (commits finish
+    in the background, so it may lag); ``out`` receives the final params and
+    state dict.
     """
     from tierstore import TieredAdamW, faults
 
@@ -109,14 +115,19 @@ def train(job: CrashJob, *, crash: tuple[str, int] | None = None, progress=None,
         for p, f in zip(params, fresh):
             p.copy_(f)  # a fresh start uses these; a resume overwrites them from the masters
     opt = TieredAdamW(params, **job.optimizer_kwargs())
-    if progress is not None:
-        progress.value = opt.step_count
+
+    def report() -> None:
+        if progress is not None:
+            progress.value = opt.step_count
+        if committed is not None and opt.committed_step is not None:
+            committed.value = opt.committed_step
+
+    report()
     for step in range(opt.step_count, job.steps):
         for p, g in zip(params, gradients(job, step)):
             p.grad = g
         opt.step()
-        if progress is not None:
-            progress.value = opt.step_count
+        report()
     if out is not None:
         torch.save({"params": [p.detach().clone() for p in params], "state_dict": opt.state_dict()}, out)
     opt.close()
@@ -126,8 +137,9 @@ def train(job: CrashJob, *, crash: tuple[str, int] | None = None, progress=None,
 class ChildResult:
     exitcode: int | None
     killed: bool
-    completed: int  # committed step count the child last reported (-1: none)
+    completed: int  # step count the child last reported (-1: none)
     seconds: float
+    committed: int = -1  # committed step the child last reported (-1: none)
 
 
 def _context() -> mp.context.BaseContext:
@@ -159,7 +171,9 @@ def run_child(
     """Run :func:`train` in a child; SIGKILL it after ``kill_after`` seconds if still running."""
     ctx = _context()
     progress = ctx.Value("i", -1)
-    proc = ctx.Process(target=train, args=(job,), kwargs={"crash": crash, "progress": progress, "out": out})
+    committed = ctx.Value("i", -1)
+    kwargs = {"crash": crash, "progress": progress, "committed": committed, "out": out}
+    proc = ctx.Process(target=train, args=(job,), kwargs=kwargs)
     t0 = time.perf_counter()
     proc.start()
     killed = False
@@ -174,7 +188,7 @@ def run_child(
         proc.join()
         raise TimeoutError(f"training child for {job.state_dir} ran longer than {timeout} s")
     killed = killed or proc.exitcode == -signal.SIGKILL
-    return ChildResult(proc.exitcode, killed, progress.value, time.perf_counter() - t0)
+    return ChildResult(proc.exitcode, killed, progress.value, time.perf_counter() - t0, committed.value)
 
 
 def compare(job: CrashJob, out: str | Path) -> list[str]:

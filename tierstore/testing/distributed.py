@@ -243,6 +243,7 @@ class DistJob:
     weight_decay: float = 1e-2
     amsgrad: bool = False
     wrap: str = "fsdp2"  # "fsdp2", "zero" (DDP + ZeroRedundancyOptimizer) or "none"
+    commit_every: object = 1  # every step, so the kills land in commits ("auto" spaces them in a tight loop)
     optimizer: str = "tiered"  # "tiered" or "torch" (AdamW(fused=True))
     ram_budget: str | None = "64KiB"  # 10 of each rank's 11 shards on disk (with masters)
     shard_numel: int = 1024
@@ -296,6 +297,7 @@ def _make_optimizer(job: DistJob, params: list[torch.nn.Parameter]) -> torch.opt
             shard_numel=job.shard_numel,
             keep_master=job.keep_master,
             resume=job.resume,
+            commit_every=job.commit_every,
         )
     if job.wrap == "zero":
         from torch.distributed.optim import ZeroRedundancyOptimizer
