@@ -19,8 +19,9 @@ The formulas, for P trainable parameters with ``b`` bytes each (4 in fp32,
   on the CPU;
 - disk: the on-disk shards once; with durability every shard twice;
 - per step: PCIe ``b·P`` down (grads) and ``b·P`` up (params) with a GPU;
-  disk reads every on-disk shard once and writes it once (durable: resident
-  shards are written too);
+  disk reads every on-disk shard once and writes it once; durable, every
+  commit also writes the resident shards, in the background (once per
+  ``commit_every`` steps, not once per step);
 - step time >= max(disk_read/read_bw + disk_write/write_bw,
   max(down, up)/pcie_bw, P/update_rate, state/memory_copy_bw), over the
   terms whose bandwidth is known (the update reads and writes every state
@@ -125,7 +126,10 @@ class Traffic:
     pcie_down: int
     pcie_up: int
     disk_read: int
-    disk_write: int
+    disk_write: int  # per step, on average: streamed shards plus a share of each commit's writes
+    streamed_write: int  # per step, on the step's critical path
+    commit_write: int  # per commit, in the background: the resident shards
+    commit_every: int
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,7 @@ class Endurance:
     drive_tbw: float | None
     steps_to_exhaust: float | None
     days_to_exhaust: float | None
+    commit_every_for_a_year: int | None = None  # steps between commits for the drive to last a year (None: any)
 
 
 @dataclass(frozen=True)
@@ -386,6 +391,7 @@ def plan_memory(
     ram_budget: int | None = None,
     disk_free: int | None = None,
     durable: bool = False,
+    commit_every: int = 1,
     shard_numel: int | None = None,
     prefetch_depth: int = DEFAULT_PREFETCH_DEPTH,
     bandwidth: Bandwidth | None = None,
@@ -417,9 +423,14 @@ def plan_memory(
     disk_free
         Free bytes on the state directory's drive (``None``: unknown).
     durable
-        Durability keeps a second copy of every shard on disk and writes the
-        resident shards every step too. ``TieredAdamW`` is durable by default
-        when given a ``state_dir`` (the CLI follows that: on with ``--state-dir``).
+        Durability keeps a second copy of every shard on disk; every commit
+        writes the resident shards too, in the background. ``TieredAdamW`` is
+        durable by default when given a ``state_dir`` (the CLI follows that:
+        on with ``--state-dir``).
+    commit_every
+        Steps between commits (durable). ``TieredAdamW``'s default
+        ``commit_every="auto"`` commits every step when the drive keeps up
+        with the loop, so 1 is the planning case for drive wear.
     shard_numel, prefetch_depth
         As ``TieredAdamW`` (``None`` picks its automatic shard size).
     bandwidth
@@ -451,6 +462,8 @@ def plan_memory(
             raise ConfigError(f"{name}={value!r} must be a byte count >= 0")
     if isinstance(prefetch_depth, bool) or not isinstance(prefetch_depth, int) or prefetch_depth < 1:
         raise ConfigError(f"prefetch_depth={prefetch_depth!r} must be an int >= 1")
+    if isinstance(commit_every, bool) or not isinstance(commit_every, int) or commit_every < 1:
+        raise ConfigError(f"commit_every={commit_every!r} must be an int >= 1 (steps between commits)")
     if shard_numel is not None and (isinstance(shard_numel, bool) or not isinstance(shard_numel, int) or shard_numel < 1):
         raise ConfigError(f"shard_numel={shard_numel!r} must be an int >= 1, e.g. 1 << 22")
     if drive_tbw is not None:
@@ -549,10 +562,13 @@ def plan_memory(
         pcie_down=grads if on_gpu else 0,
         pcie_up=n_train * pbytes if on_gpu else 0,
         disk_read=tiers.disk_nbytes,
-        disk_write=tiers.disk_nbytes + (tiers.resident_nbytes if durable else 0),
+        disk_write=tiers.disk_nbytes + ((tiers.resident_nbytes // commit_every) if durable else 0),
+        streamed_write=tiers.disk_nbytes,
+        commit_write=tiers.resident_nbytes if durable else 0,
+        commit_every=commit_every,
     )
     step_time = _step_time(traffic, bandwidth, n_train, tiers.state_nbytes)
-    endurance = _endurance(traffic.disk_write, drive_tbw, step_time.lower_bound)
+    endurance = _endurance(traffic, drive_tbw, step_time.lower_bound)
 
     optimizer_bytes = n_train * (8 + (4 if amsgrad else 0) + (4 if precision != "fp32" else 0))
     torch_total = weights + grads + optimizer_bytes
@@ -619,10 +635,11 @@ def _step_time(traffic: Traffic, bw: Bandwidth, n_train: int, state: int) -> Ste
     larger direction counts); the CPU update and memory streaming overlap the I/O.
     A term whose bandwidth is unknown is left out (``None``)."""
     disk = None
-    if traffic.disk_read == 0 and traffic.disk_write == 0:
+    if traffic.disk_read == 0 and traffic.streamed_write == 0:
         disk = 0.0
     elif bw.read_gbps and bw.write_gbps:
-        disk = traffic.disk_read / (bw.read_gbps * GB) + traffic.disk_write / (bw.write_gbps * GB)
+        # Commits write the resident shards in the background, while the loop computes.
+        disk = traffic.disk_read / (bw.read_gbps * GB) + traffic.streamed_write / (bw.write_gbps * GB)
     pcie = None
     if traffic.pcie_down == 0 and traffic.pcie_up == 0:
         pcie = 0.0
@@ -635,17 +652,24 @@ def _step_time(traffic: Traffic, bw: Bandwidth, n_train: int, state: int) -> Ste
     return StepTime(disk=disk, pcie=pcie, update=update, memory=memory, lower_bound=lower, bound_by=bound_by, formula=STEP_TIME_FORMULA)
 
 
-def _endurance(write: int, drive_tbw: float | None, step_time: float) -> Endurance:
-    steps = days = None
+def _endurance(traffic: Traffic, drive_tbw: float | None, step_time: float) -> Endurance:
+    write = traffic.disk_write
+    steps = days = a_year = None
     if drive_tbw is not None and write > 0:
         steps = drive_tbw * TB / write
         days = steps * step_time / SECONDS_PER_DAY
+        if traffic.commit_write and step_time > 0:
+            # Writes per step the drive affords for 365 days of back-to-back steps.
+            affordable = drive_tbw * TB * step_time / (365 * SECONDS_PER_DAY)
+            spare = affordable - traffic.streamed_write
+            a_year = math.ceil(traffic.commit_write / spare) if spare > 0 else None
     return Endurance(
         writes_per_step=write,
         writes_per_1000_steps=1000 * write,
         drive_tbw=drive_tbw,
         steps_to_exhaust=steps,
         days_to_exhaust=days,
+        commit_every_for_a_year=a_year,
     )
 
 
@@ -724,8 +748,16 @@ def format_plan(plan: MemoryPlan) -> str:
         "per step",
         "  PCIe                 "
         + (f"down {_b(t.pcie_down)} (grads), up {_b(t.pcie_up)} (params)" if g.used else "none (no GPU)"),
-        f"  disk                 read {_b(t.disk_read)}, write {_b(t.disk_write)}",
+        f"  disk                 read {_b(t.disk_read)}, write {_b(t.streamed_write)}",
     ]
+    if t.commit_write:
+        keep_up = ""
+        if p.bandwidth.write_gbps:
+            keep_up = f"; keeps up when forward+backward takes >= {_secs(t.commit_write / (p.bandwidth.write_gbps * GB))}"
+        lines.append(
+            f"  commits              write {_b(t.commit_write)} (resident shards) every {t.commit_every} step(s), "
+            f"in the background{keep_up}"
+        )
     bw = p.bandwidth
     known = lambda v, unit="GB/s": "?" if v is None else f"{v:.3g} {unit}"  # noqa: E731
     lines += [
@@ -735,7 +767,8 @@ def format_plan(plan: MemoryPlan) -> str:
         f"{known(bw.pcie_gbps)}; update = params/{known(bw.update_gparams, 'Gparam/s')}; "
         f"memory = state/{known(bw.memory_gbps)} (copy)",
         "SSD endurance",
-        f"  writes               {_b(e.writes_per_step)} per step, {_b(e.writes_per_1000_steps)} per 1,000 steps",
+        f"  writes               {_b(e.writes_per_step)} per step, {_b(e.writes_per_1000_steps)} per 1,000 steps"
+        + (f" (commit_every={t.commit_every})" if t.commit_write else ""),
     ]
     if e.drive_tbw is not None:
         if e.steps_to_exhaust is None:
@@ -745,6 +778,8 @@ def format_plan(plan: MemoryPlan) -> str:
                 f"  rated {e.drive_tbw:g} TBW: exhausted after {e.steps_to_exhaust:,.0f} steps = "
                 f"{e.days_to_exhaust:,.1f} days of back-to-back steps at {_secs(s.lower_bound)}"
             )
+        if e.commit_every_for_a_year is not None and e.days_to_exhaust is not None and e.days_to_exhaust < 365:
+            lines.append(f"  commit_every={e.commit_every_for_a_year} (steps) makes it last a year")
     opt_per_param = tb.optimizer // max(p.trainable_params, 1)
     fits = "" if tb.fits is None else (" - fits" if tb.fits else " - does not fit")
     lines += [
@@ -776,6 +811,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", metavar="PATH", help="where the state would live; its drive's free space is checked")
     parser.add_argument("--disk-free", metavar="SIZE", help="free space on the drive (instead of reading --state-dir)")
     parser.add_argument("--durable", action=argparse.BooleanOptionalAction, default=None, help="keep a second copy of every shard on disk (default: on with --state-dir, as TieredAdamW)")
+    parser.add_argument("--commit-every", type=int, default=1, help="steps between durable commits, for drive writes (default 1: auto commits every step when the drive keeps up)")
     parser.add_argument("--shard-numel", type=int, help="elements per shard (default: TieredAdamW's automatic choice)")
     parser.add_argument("--prefetch-depth", type=int, default=DEFAULT_PREFETCH_DEPTH, help="shards read ahead; the arena has prefetch_depth + 2 slots")
     parser.add_argument("--io-json", metavar="FILE", help="bandwidths from `tierstore bench io --json`")
@@ -829,6 +865,7 @@ def run(args: argparse.Namespace) -> int:
         ram_budget=_size(args.ram_budget, "--ram-budget"),
         disk_free=free,
         durable=bool(args.state_dir) if args.durable is None else args.durable,
+        commit_every=args.commit_every,
         shard_numel=args.shard_numel,
         prefetch_depth=args.prefetch_depth,
         bandwidth=bandwidth,
