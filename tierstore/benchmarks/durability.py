@@ -90,7 +90,7 @@ class ComputeStandIn:
 
 
 def _optimizer(name: str, params: list[torch.Tensor], root: Path) -> Any:
-    from .. import TieredAdamW
+    from ..optimizer import TieredAdamW
 
     if name == "torch-fused":
         return torch.optim.AdamW(params, lr=1e-4, fused=True)
@@ -106,7 +106,7 @@ def _optimizer(name: str, params: list[torch.Tensor], root: Path) -> Any:
 
 def write_seconds(params: list[torch.Tensor], root: Path) -> float:
     """Seconds to write the all-resident state to the drive once (a step, then a commit, waited for)."""
-    from .. import TieredAdamW
+    from ..optimizer import TieredAdamW
 
     times = []
     with TieredAdamW(params, lr=1e-4, state_dir=str(root / "calibrate"), commit_every=10**9) as opt:
