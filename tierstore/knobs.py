@@ -78,6 +78,11 @@ class Knobs:
         return self.prefetch_depth + 2
 
     @property
+    def overlap_threads(self) -> int:
+        """Intra-op threads of an update running behind the training loop (which keeps the others)."""
+        return self.update_threads or max(1, default_update_threads() // 2)
+
+    @property
     def streaming_threads(self) -> int:
         """Intra-op threads of the update while shards stream from disk."""
         # Note: on few cores, OpenMP threads spin-waiting at the kernel's barrier

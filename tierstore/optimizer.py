@@ -39,6 +39,7 @@ from .journal import Journal
 from .knobs import Knobs, check_int
 from .layout import Layout, ShardSpec
 from .manifest import check_same_model, decode_group, saved_layout
+from .overlap import Attachment
 from .pipeline import ShardPipeline
 from .runtime import Runtime, StepStats
 from .sizes import format_size, parse_size
@@ -314,11 +315,14 @@ class TieredAdamW(torch.optim.Optimizer):
 
         rt.pipeline.run(range(len(self._layout.shards)), fill, read=False)
 
-    def _runtime(self) -> Runtime:
-        """The open runtime; raises if closed or failed."""
+    def _runtime(self, *, synchronize: bool = True) -> Runtime:
+        """The open runtime, after the step running behind the loop (if any); raises if closed or failed."""
         if self._rt is None:
             raise ConfigError("this TieredAdamW was not built (its constructor raised)")
         self._rt.require_open()
+        if synchronize:
+            self._rt.synchronize()
+            self._rt.require_open()
         return self._rt
 
     # -- torch.optim.Optimizer API ------------------------------------
@@ -361,10 +365,88 @@ class TieredAdamW(torch.optim.Optimizer):
             uploads=rt.uploads if self._spec.cuda else None,
         )
         update.step_counts()
+        rt.step_count += 1
+        progress = rt.progress()  # what this step's commit records, as of now
         streams = any(not rt.store.is_resident(i) for i in update.shards)
-        threads = intra_op_threads(self._knobs.streaming_threads if streams else None)
-        rt.run_step(update.shards, update, threads=threads)
+        attachment = rt.attachment
+        if attachment is None:
+            threads = intra_op_threads(self._knobs.streaming_threads if streams else None)
+            rt.run_step(update.shards, update, threads=threads, progress=progress)
+            return loss
+        # Behind the loop: the update runs on the attachment's thread, in first-use order.
+        order = attachment.order(update.shards)
+        threads = intra_op_threads(self._knobs.overlap_threads)
+
+        def run(done: Callable[[int], None]) -> None:
+            def visit(shard: ShardSpec, flat: Tensor) -> None:
+                update(shard, flat)
+                done(shard.index)
+
+            rt.run_step(order, visit, threads=threads, progress=progress)
+
+        attachment.submit(order, run)
         return loss
+
+    # -- behind the training loop (tierstore.overlap) -----------------
+    def attach(self, model: torch.nn.Module) -> TieredAdamW:
+        """Run each step behind the training loop: ``step()`` returns once the update is scheduled.
+
+        The update runs on a background thread in the order ``model``'s
+        forward first uses the parameters, and a forward pre-hook on each of
+        ``model``'s modules waits for exactly that module's parameters, so
+        results stay bitwise equal to the synchronous step. Everything that
+        reads or writes parameters or state synchronizes first (``step``,
+        ``state_dict``, ``load_state_dict``, checkpoints, ``commit``,
+        ``close``, ``zero_grad(set_to_none=False)``). Code that reads
+        parameters outside a forward (``model.state_dict()``, an EMA) must
+        call :meth:`synchronize` first. See :mod:`tierstore.overlap`.
+
+        Raises
+        ------
+        ConfigError
+            If ``model`` owns none of the optimizer's parameters.
+
+        Example
+        -------
+        >>> import torch
+        >>> model = torch.nn.Linear(4, 1)
+        >>> opt = TieredAdamW(model.parameters()).attach(model)
+        >>> model(torch.ones(1, 4)).sum().backward(); _ = opt.step()
+        >>> opt.synchronize(); opt.close()
+        """
+        rt = self._runtime()
+        rt.detach()
+        rt.attachment = Attachment(model, self._params, self._layout)
+        if rt.attachment.unattached:
+            log.warning(
+                "attach(%s): %d optimized parameters are not owned by it; a forward that uses them "
+                "waits (and warns), other reads need opt.synchronize()",
+                type(model).__name__,
+                len(rt.attachment.unattached),
+            )
+        return self
+
+    def detach(self) -> None:
+        """Undo :meth:`attach`: steps run synchronously again (after the one in flight)."""
+        if self._rt is not None:
+            self._rt.detach()
+
+    def synchronize(self) -> None:
+        """Wait until the step running behind the loop has updated every parameter and state.
+
+        Raises
+        ------
+        StepFailedError
+            If that step failed (the message names its error and how to resume).
+        """
+        self._runtime()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        # Note: with set_to_none=False the gradients are zeroed in place, which a
+        # step still running behind the loop may be reading: synchronize first.
+        if not set_to_none and self._rt is not None and not self._rt.closed:
+            self._rt.synchronize()
+        super().zero_grad(set_to_none=set_to_none)
 
     def _check_params(self) -> None:
         params = [p for g in self.param_groups for p in g["params"]]
@@ -386,7 +468,7 @@ class TieredAdamW(torch.optim.Optimizer):
         holding this rank's part, as ``torch.optim.AdamW`` keeps them (so
         ``get_optimizer_state_dict`` and DCP see each rank's shard).
         """
-        self._runtime()
+        self._runtime()  # synchronizes: a step behind the loop finishes first
         for pre_hook in self._optimizer_state_dict_pre_hooks.values():
             pre_hook(self)
         layout = self._layout

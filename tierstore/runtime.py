@@ -40,6 +40,7 @@ from torch import Tensor
 
 from .errors import ClosedError, StepFailedError
 from .journal import Journal, Progress
+from .overlap import Attachment
 from .pipeline import RunStats, ShardPipeline
 from .store import ShardStore
 from .torch_format import param_steps
@@ -98,6 +99,7 @@ class Runtime:
         self.store = store
         self.pipeline = pipeline
         self.uploads = UploadBuffers()
+        self.attachment: Attachment | None = None
         self.step_count = 0
         self.last_run: StepStats | None = None
         self._last_step_end: float | None = None
@@ -142,10 +144,12 @@ class Runtime:
         """Commit the last change with the current step bookkeeping, and wait until it is durable."""
         self.journal.commit(self.progress(), wait=True)
 
-    def run_step(self, shards: Sequence[int], update: Any, *, threads: Any) -> None:
-        """One step: the update of ``shards`` through the pipeline, the step count, its commit.
+    def run_step(self, shards: Sequence[int], update: Any, *, threads: Any, progress: Progress) -> None:
+        """One step: the update of ``shards`` through the pipeline, then its commit per the policy.
 
-        ``threads`` is the intra-op thread setting to run the update under.
+        ``threads`` is the intra-op thread setting to run the update under;
+        ``progress`` the step bookkeeping captured when the step was called
+        (the caller already counted the step).
         """
         started = time.monotonic()
         gap = 0.0 if self._last_step_end is None else started - self._last_step_end
@@ -155,11 +159,10 @@ class Runtime:
             if shards:
                 with threads:
                     run = self.pipeline.run(shards, update, before_write=self.journal.before_write)
-            self.step_count += 1
             ended = time.monotonic()
             stall += run.persist_wait + run.commit_wait
             resident_before = self.journal.stats.resident_bytes
-            committed = self.journal.end_step(self.progress(), gap=gap, step_seconds=ended - started, stall=stall)
+            committed = self.journal.end_step(progress, gap=gap, step_seconds=ended - started, stall=stall)
         self._last_step_end = time.monotonic()
         if shards:
             commit_bytes = self.journal.stats.resident_bytes - resident_before
@@ -187,11 +190,24 @@ class Runtime:
             ) from self.failure
 
     # -- lifetime -----------------------------------------------------
+    def synchronize(self) -> None:
+        """Wait for a step running behind the training loop; raise what it raised."""
+        if self.attachment is not None:
+            self.attachment.wait()
+
+    def detach(self) -> None:
+        """Remove the model's hooks (after the step in flight)."""
+        attachment, self.attachment = self.attachment, None
+        if attachment is not None:
+            attachment.detach()
+
     def close(self) -> None:
         """Commit a clean close (non-durable state dirs), then release everything; safe twice."""
         if self.closed:
             return
         try:
+            with contextlib.suppress(BaseException):  # a failed step is recorded in self.failure
+                self.detach()
             if self.failure is None:
                 self.journal.close(self.progress())
         finally:
