@@ -34,6 +34,7 @@ from .budget import TierPlan, plan_tiers
 from .commit_policy import CommitPolicy
 from .dtensor import local_tensor, placed_like
 from .errors import BudgetError, ConfigError, ParamsChangedError
+from .grad_offload import DEFAULT_BUCKET_BYTES, GradientOffload
 from .hyper import GroupHyper, check_hyper, scalar_betas
 from .journal import Journal
 from .knobs import Knobs, check_int
@@ -337,8 +338,12 @@ class TieredAdamW(torch.optim.Optimizer):
         )
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+    def step(self, closure: Callable[[], Any] | None = None, *, grad_scaler: Any = None) -> Any:
         """Perform one AdamW step over every parameter that has a gradient.
+
+        ``grad_scaler`` is passed by ``torch.amp.GradScaler.step`` when the
+        gradients were offloaded to the host (:meth:`attach`): the unscale and
+        inf check then run on the host gradients, and an inf skips the step.
 
         Raises
         ------
@@ -354,7 +359,14 @@ class TieredAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._check_params()
-        active = gather(self._params, self._layout, self.state)
+        offload = rt.offload
+        if offload is not None and grad_scaler is not None and self._found_inf(grad_scaler, offload):
+            offload.consume()  # GradScaler skips this step: the gradients are spent
+            return loss
+        grads = offload.grads() if offload is not None else None
+        active = gather(self._params, self._layout, self.state, grads=grads)
+        if offload is not None:
+            offload.consume()
         amsgrad_field = self._spec.amsgrad
         hypers = [GroupHyper.of(g, amsgrad_field=amsgrad_field) for g in self.param_groups]
         update = ShardUpdate(
@@ -380,7 +392,7 @@ class TieredAdamW(torch.optim.Optimizer):
         def run(done: Callable[[int], None]) -> None:
             def visit(shard: ShardSpec, flat: Tensor) -> None:
                 update(shard, flat)
-                done(shard.index)
+                done(shard.index, update.upload_event)
 
             rt.run_step(order, visit, threads=threads, progress=progress)
 
@@ -388,7 +400,9 @@ class TieredAdamW(torch.optim.Optimizer):
         return loss
 
     # -- behind the training loop (tierstore.overlap) -----------------
-    def attach(self, model: torch.nn.Module) -> TieredAdamW:
+    def attach(
+        self, model: torch.nn.Module, *, offload_grads: bool | None = None, grad_bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    ) -> TieredAdamW:
         """Run each step behind the training loop: ``step()`` returns once the update is scheduled.
 
         The update runs on a background thread in the order ``model``'s
@@ -401,10 +415,18 @@ class TieredAdamW(torch.optim.Optimizer):
         parameters outside a forward (``model.state_dict()``, an EMA) must
         call :meth:`synchronize` first. See :mod:`tierstore.overlap`.
 
+        With ``offload_grads`` (``None``: when parameters are on a GPU) each
+        gradient leaves the device as soon as backward finished it, through
+        two pinned buckets of ``grad_bucket_bytes``, and accumulates on the
+        host across micro-batches; ``param.grad`` is then ``None``: clip with
+        :meth:`clip_grad_norm_`, unscale with :meth:`unscale_`
+        (``scaler.step(opt)`` works as usual). See :mod:`tierstore.grad_offload`.
+
         Raises
         ------
         ConfigError
-            If ``model`` owns none of the optimizer's parameters.
+            If ``model`` owns none of the optimizer's parameters, or
+            ``grad_bucket_bytes`` is below 4096.
 
         Example
         -------
@@ -417,6 +439,14 @@ class TieredAdamW(torch.optim.Optimizer):
         rt = self._runtime()
         rt.detach()
         rt.attachment = Attachment(model, self._params, self._layout)
+        if self._spec.cuda:
+            rt.uploads.stream = torch.cuda.Stream()  # parameters go up beside the forward, not in its stream
+        if offload_grads is None:
+            offload_grads = self._spec.cuda
+        if offload_grads:
+            rt.offload = GradientOffload(self._params, bucket_bytes=grad_bucket_bytes, pin=self._knobs.pin_memory)
+            rt.offload.before_land = rt.attachment.wait_for_param
+            self._step_supports_amp_scaling = True  # GradScaler hands itself to step()
         if rt.attachment.unattached:
             log.warning(
                 "attach(%s): %d optimized parameters are not owned by it; a forward that uses them "
@@ -426,8 +456,46 @@ class TieredAdamW(torch.optim.Optimizer):
             )
         return self
 
+    def _found_inf(self, scaler: Any, offload: GradientOffload) -> bool:
+        """GradScaler's unscale and inf check on the host gradients (once per step); True on an inf."""
+        from torch.amp.grad_scaler import OptState
+
+        state = scaler._per_optimizer_states[id(self)]
+        if state["stage"] is OptState.UNSCALED and not state["found_inf_per_device"]:
+            raise ConfigError(
+                "scaler.unscale_(opt) cannot see gradients offloaded to the host (param.grad is None); "
+                "call opt.unscale_(scaler) instead, then opt.clip_grad_norm_(max_norm) if you clip"
+            )
+        if state["stage"] is OptState.READY:
+            offload.unscale_(scaler, self)
+        return bool(sum(float(v) for v in state["found_inf_per_device"].values()))
+
+    def clip_grad_norm_(
+        self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False, foreach: bool | None = None
+    ) -> Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over this optimizer's gradients; returns the total norm.
+
+        With gradients offloaded to the host (:meth:`attach`), ``param.grad``
+        is ``None`` and torch's function would clip nothing: this one clips the
+        host copies, with exactly torch's arithmetic, once every gradient is
+        down. Without offload it is torch's function over the parameters.
+        """
+        rt = self._runtime(synchronize=False)
+        if rt.offload is not None:
+            return rt.offload.clip_grad_norm_(max_norm, norm_type, error_if_nonfinite, foreach)
+        return torch.nn.utils.clip_grad_norm_(self._params, max_norm, norm_type, error_if_nonfinite, foreach)
+
+    def unscale_(self, scaler: Any) -> None:
+        """``scaler.unscale_(self)``, on the host gradients when they were offloaded (:meth:`attach`)."""
+        rt = self._runtime(synchronize=False)
+        if rt.offload is None:
+            scaler.unscale_(self)
+        else:
+            rt.offload.unscale_(scaler, self)
+
     def detach(self) -> None:
         """Undo :meth:`attach`: steps run synchronously again (after the one in flight)."""
+        self._step_supports_amp_scaling = False
         if self._rt is not None:
             self._rt.detach()
 

@@ -61,9 +61,13 @@ class ShardBoard:
 
     def __init__(self, shards: Iterable[int]) -> None:
         self._events = {s: threading.Event() for s in shards}
+        self._uploads: dict[int, Any] = {}  # shard -> CUDA event of its parameter uploads
         self._error: BaseException | None = None
 
-    def done(self, shard: int) -> None:
+    def done(self, shard: int, upload: Any = None) -> None:
+        """Shard ``shard``'s parameters are updated (on a GPU: once ``upload``, a CUDA event, completes)."""
+        if upload is not None:
+            self._uploads[shard] = upload
         event = self._events.get(shard)
         if event is not None:
             event.set()
@@ -79,10 +83,15 @@ class ShardBoard:
 
     def wait(self, shards: Iterable[int]) -> None:
         """Block until every listed shard is updated; raise if the step failed."""
+        uploads = []
         for s in shards:
             event = self._events.get(s)
             if event is not None:
                 event.wait()
+                uploads.append(self._uploads.get(s))
+        for upload in uploads:
+            if upload is not None:  # the GPU waits for the upload, not the CPU
+                torch.cuda.current_stream().wait_event(upload)
         if self._error is not None:
             raise RuntimeError(
                 f"the background optimizer step failed ({type(self._error).__name__}: {self._error}); "
@@ -165,6 +174,12 @@ class Attachment:
             )
         board.wait(shards)
 
+    def wait_for_param(self, index: int) -> None:
+        """Block until parameter ``index``'s shards of the step in flight are updated."""
+        board = self._board
+        if board is not None:
+            board.wait(s for s, _ in self.layout.segments_of(index))
+
     # -- scheduling -----------------------------------------------------
     def order(self, shards: Sequence[int]) -> list[int]:
         """``shards`` in the order the last forward first used their parameters (unused last)."""
@@ -176,8 +191,8 @@ class Attachment:
             rank[s] = min((self._first_use.get(seg.param, last) for seg in self.layout.shards[s].segments), default=last)
         return sorted(shards, key=lambda s: (rank[s], s))
 
-    def submit(self, shards: Sequence[int], run: Callable[[Callable[[int], None]], None]) -> None:
-        """Run ``run(done)`` in the background; ``done(shard)`` marks a shard's parameters updated."""
+    def submit(self, shards: Sequence[int], run: Callable[..., None]) -> None:
+        """Run ``run(done)`` in the background; ``done(shard, upload=None)`` marks a shard's parameters updated."""
         self.wait()
         board = self._board = ShardBoard(shards)
 

@@ -39,6 +39,7 @@ from typing import Any
 from torch import Tensor
 
 from .errors import ClosedError, StepFailedError
+from .grad_offload import GradientOffload
 from .journal import Journal, Progress
 from .overlap import Attachment
 from .pipeline import RunStats, ShardPipeline
@@ -100,6 +101,7 @@ class Runtime:
         self.pipeline = pipeline
         self.uploads = UploadBuffers()
         self.attachment: Attachment | None = None
+        self.offload: GradientOffload | None = None
         self.step_count = 0
         self.last_run: StepStats | None = None
         self._last_step_end: float | None = None
@@ -196,10 +198,16 @@ class Runtime:
             self.attachment.wait()
 
     def detach(self) -> None:
-        """Remove the model's hooks (after the step in flight)."""
+        """Remove the model's hooks (after the step in flight) and the gradient offload's."""
         attachment, self.attachment = self.attachment, None
-        if attachment is not None:
-            attachment.detach()
+        offload, self.offload = self.offload, None
+        self.uploads.stream = None
+        try:
+            if attachment is not None:
+                attachment.detach()
+        finally:
+            if offload is not None:
+                offload.remove()
 
     def close(self) -> None:
         """Commit a clean close (non-durable state dirs), then release everything; safe twice."""

@@ -60,15 +60,23 @@ class ActiveParam:
     param: Tensor  # flat view of the (local) parameter's data
     grad: Tensor  # flat view of its gradient
     staged: bool  # the gradient passes through staging before the kernel (other dtype or device)
-    cuda: bool
+    cuda: bool  # the parameter lives on a GPU (its new value goes up)
     step: Tensor  # the parameter's step count (torch's per-parameter state["step"])
+    grad_cuda: bool = False  # the gradient lives on a GPU (it comes down through staging)
 
 
-def gather(params: Sequence[Tensor], layout: Layout, state: MutableMapping[Tensor, dict]) -> dict[int, ActiveParam]:
+def gather(
+    params: Sequence[Tensor],
+    layout: Layout,
+    state: MutableMapping[Tensor, dict],
+    *,
+    grads: Mapping[int, Tensor] | None = None,
+) -> dict[int, ActiveParam]:
     """Check ``params`` against ``layout`` and collect those with a gradient.
 
-    A parameter taking its first step gets ``state[p]["step"] = 0`` (the
-    caller increments the counts).
+    ``grads`` replaces ``param.grad`` (by position) when gradients were moved
+    off the parameters (:mod:`tierstore.grad_offload`). A parameter taking its
+    first step gets ``state[p]["step"] = 0`` (the caller increments the counts).
 
     Raises
     ------
@@ -80,7 +88,7 @@ def gather(params: Sequence[Tensor], layout: Layout, state: MutableMapping[Tenso
     """
     active: dict[int, ActiveParam] = {}
     for i, (p, entry) in enumerate(zip(params, layout.params)):
-        grad = p.grad
+        grad = p.grad if grads is None else grads.get(i)
         if grad is None:
             continue
         if not entry.trainable:
@@ -108,14 +116,14 @@ def gather(params: Sequence[Tensor], layout: Layout, state: MutableMapping[Tenso
         st = state[p]
         if "step" not in st:
             st["step"] = step_tensor(0)
-        cuda = local.device.type == "cuda"
         active[i] = ActiveParam(
             group=entry.group,
             param=local.detach().view(-1),
             grad=g.reshape(-1),
-            staged=cuda or g.dtype != torch.float32 or g.device.type != "cpu",
-            cuda=cuda,
+            staged=local.device.type == "cuda" or g.dtype != torch.float32 or g.device.type != "cpu",
+            cuda=local.device.type == "cuda",
             step=st["step"],
+            grad_cuda=g.device.type == "cuda",
         )
     return active
 
@@ -131,6 +139,7 @@ class UploadBuffers:
     def __init__(self) -> None:
         self._events: list[Any] = [None, None]
         self._last = 0
+        self.stream: Any = None  # a side stream for uploads while the step runs behind the loop (CUDA)
 
     def next(self) -> int:
         """The buffer to fill next, once the copy that last used it has finished."""
@@ -140,11 +149,16 @@ class UploadBuffers:
             event.synchronize()
         return which
 
-    def record(self, which: int) -> None:
-        """Mark the copies just queued from buffer ``which``."""
+    def record(self, which: int) -> Any:
+        """Mark the copies just queued from buffer ``which``; returns their event."""
         event = torch.cuda.Event()
-        event.record()
+        event.record(self.stream) if self.stream is not None else event.record()
         self._events[which] = event
+        return event
+
+    def copying(self) -> Any:
+        """The stream context uploads are queued in (the side stream, when there is one)."""
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
     def synchronize(self) -> None:
         """Wait for every upload in flight."""
@@ -188,6 +202,7 @@ class ShardUpdate:
         self.master = "master" in layout.fields
         self.amsgrad = "max_exp_avg_sq" in layout.fields
         self.shards = layout.shards_of(active)
+        self.upload_event: Any = None  # the CUDA event of the last shard's parameter uploads
 
     def step_counts(self) -> None:
         """Advance the step count of every parameter taking part (before any shard is updated)."""
@@ -195,19 +210,20 @@ class ShardUpdate:
             torch._foreach_add_([a.step for a in self.active.values()], 1)
 
     def __call__(self, shard: ShardSpec, flat: Tensor) -> None:
+        self.upload_event = None
         views = self.layout.field_views(flat, shard)
         exp_avg, exp_avg_sq = views["exp_avg"], views["exp_avg_sq"]
         max_sq = views.get("max_exp_avg_sq")
         master = views.get("master")
         staging = self.staging(STAGE_FP32) if self.staging is not None else None
         work = [(seg, self.active[seg.param]) for seg in shard.segments if seg.param in self.active]
-        if any(a.cuda for _, a in work):
+        if any(a.grad_cuda for _, a in work):
             self._stage_cuda_grads(work, staging)
         buckets: dict[int, tuple[list[Tensor], ...]] = {}
         for seg, a in work:
             grad = a.grad[seg.param_slice]
             if a.staged:
-                if not a.cuda:
+                if not a.grad_cuda:
                     staging[seg.shard_slice].copy_(grad)
                 grad = staging[seg.shard_slice]
             target = master[seg.shard_slice] if master is not None else a.param[seg.param_slice]
@@ -231,7 +247,7 @@ class ShardUpdate:
         raw = self.staging(STAGE_RAW).view(torch.uint8)
         pending = []
         for seg, a in work:
-            if not a.cuda:
+            if not a.grad_cuda:
                 continue
             s0, s1 = seg.shard_offset, seg.shard_offset + seg.length
             src = a.grad[seg.param_slice]
@@ -258,13 +274,14 @@ class ShardUpdate:
             return
         which = self.uploads.next()
         out = self.staging(STAGE_UPLOAD + which).view(torch.uint8)
-        for seg, a in cuda_work:
-            s0, s1 = seg.shard_offset, seg.shard_offset + seg.length
-            size = a.param.element_size()
-            host = out[s0 * size : s1 * size].view(a.param.dtype)
-            host.copy_(master[s0:s1])
-            a.param[seg.param_slice].copy_(host, non_blocking=True)
-        self.uploads.record(which)
+        with self.uploads.copying():
+            for seg, a in cuda_work:
+                s0, s1 = seg.shard_offset, seg.shard_offset + seg.length
+                size = a.param.element_size()
+                host = out[s0 * size : s1 * size].view(a.param.dtype)
+                host.copy_(master[s0:s1])
+                a.param[seg.param_slice].copy_(host, non_blocking=True)
+        self.upload_event = self.uploads.record(which)
 
 
 def master_sync(
