@@ -189,10 +189,10 @@ def compare(job: CrashJob, out: str | Path) -> list[str]:
 # -- phases: where a child is, and where its kill landed ---------------------------------
 
 
-def phase_names(job: CrashJob) -> list[str]:
-    """Every phase a run of ``job`` goes through, in order (a phase's code is its index)."""
+def phase_names(steps: int) -> list[str]:
+    """Every phase a run of ``steps`` steps goes through, in order (a phase's code is its index)."""
     names = ["start", "construct"]
-    for k in range(job.steps):
+    for k in range(steps):
         names += [f"forward {k}", f"step {k}"]
     return names + ["export", "close", "done"]
 
@@ -388,7 +388,7 @@ def run_child(
     if crash is not None and len(crash) == 2:
         crash = (crash[0], crash[1], None)
     ctx = _context()
-    names = phase_names(job)
+    names = phase_names(job.steps)
     progress = Progress(ctx, names, gate=kill_in[0] if kill_in else None)
     proc = ctx.Process(target=train, args=(job,), kwargs={"crash": crash, "progress": progress, "out": out})
     t0 = time.perf_counter()
