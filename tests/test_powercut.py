@@ -9,6 +9,7 @@ before its data is synced, a rename never made durable) is caught.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -257,3 +258,15 @@ def test_the_reported_step_comes_from_the_callback(ram_tmp_path):
     job = CrashJob(state_dir=str(ram_tmp_path / "state"), steps=3, backend="buffered")
     result = run_powercuts(job, images=IMAGES, seed=0, workdir=ram_tmp_path, committed=lambda opt: opt.step_count + 1)
     assert any("before the reported step" in v for v in result.violations), result.summary()
+
+
+def test_the_soak_writes_its_json(tmp_path, capsys):
+    import runpy
+
+    soak = runpy.run_path(str(Path(__file__).parents[1] / "bench" / "powercut_soak.py"))
+    out = tmp_path / "soak.json"
+    args = ["--images", "4", "--seeds", "1", "--backends", "mmap", "--scenarios", "resumed-streamed-amsgrad-masters"]
+    assert soak["main"]([*args, "--workdir", str(tmp_path), "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["images"] == 4 and summary["violations"] == 0 and summary["per_backend"]["mmap"]["images"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["soak.json"]  # the runs cleaned up

@@ -51,6 +51,7 @@ None
 
 from __future__ import annotations
 
+import bisect
 import os
 import random
 import threading
@@ -516,9 +517,9 @@ class Recording:
         out = set()
         for op in self.ops:
             if op.kind in ("sync", "dirsync", "rename", "report"):
-                later = [p for p in points if p > op.end]
-                if later:
-                    out.add(later[0])
+                i = bisect.bisect_right(points, op.end)
+                if i < len(points):
+                    out.add(points[i])
         return sorted(out)
 
     def reported_at(self, cut: int) -> int | None:
@@ -541,10 +542,11 @@ class Recording:
         return label
 
     def images(self, count: int, *, seed: int) -> Iterator[Image]:
-        """``count`` images spread over the run's phases (:meth:`Recorder.phase`), in turn.
+        """``count`` images spread over the run's phases (:meth:`Recorder.phase`).
 
-        Each phase gets images in turn; within a phase the cut alternates
-        between anywhere and right after a sync, rename or report.
+        Each round gives every phase one image, in a random order; the cut
+        falls anywhere in the phase in even rounds, right after a sync,
+        rename or report in odd ones.
         """
         rng = random.Random(seed)
         anywhere: dict[str, list[int]] = {}
@@ -554,8 +556,11 @@ class Recording:
         for cut in self.edges():
             after.setdefault(self.phase_at(cut), []).append(cut)
         phases = list(anywhere)
+        order: list[str] = []
         for k in range(count):
-            phase = phases[k % len(phases)]
+            if not order:  # each round visits every phase once, in a random order
+                order = rng.sample(phases, len(phases))
+            phase = order.pop()
             pool = after.get(phase) if (k // len(phases)) % 2 else None
             cut = rng.choice(pool or anywhere[phase])
             yield self.image(cut, seed=rng.randrange(1 << 32))
