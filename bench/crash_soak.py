@@ -67,7 +67,10 @@ def plan(rng: random.Random, job: CrashJob, durations: dict[str, float]) -> tupl
         points = CONSTRUCTION_POINTS if window == "construction" else faults.POINTS
         points = [p for p in points if streamed or p != "after-read"]
         phases = ["construct"] if window == "construction" else step_windows(job)[window]
-        return {"crash": (rng.choice(points), rng.randint(1, 2), phases)}, phases
+        point = rng.choice(points)
+        # Building commits twice but marks the in-flight state once.
+        after = 1 if (window, point) == ("construction", "inflight-marker") else rng.randint(1, 2)
+        return {"crash": (point, after, phases)}, phases
     phase = rng.choice([p for p in phase_names(job.steps) if p not in ("start", "export", "done")])
     return {"kill_in": (phase, rng.uniform(0.0, 0.9) * durations.get(phase, 0.0))}, [phase]
 

@@ -40,11 +40,12 @@ from tqdm import tqdm
 
 from tierstore.backends import supports_direct_io
 from tierstore.testing.crash import CrashJob
-from tierstore.testing.powercut import record_run, run_powercuts
+from tierstore.testing.powercut import record_after_cut, record_run, run_powercuts
 
 BACKENDS = ("direct", "buffered", "mmap")
 STEPS = 5
-# name -> (CrashJob fields, steps trained and closed before recording starts)
+# name -> (CrashJob fields, steps trained and closed before recording starts, or "cut": the
+# recorded run resumes an image a power cut left of a first run, mid-training)
 CONFIGS = {
     "streamed-masters": (dict(ram_budget="112KiB"), 0),
     "streamed-amsgrad-masters": (dict(ram_budget="200KiB", amsgrad=True), 0),
@@ -52,6 +53,8 @@ CONFIGS = {
     "resident-amsgrad-masters": (dict(ram_budget=None, amsgrad=True), 0),
     "resident-no-masters": (dict(ram_budget=None, keep_master=False), 0),
     "resumed-streamed-amsgrad-masters": (dict(ram_budget="200KiB", amsgrad=True), 2),
+    "after-a-cut-streamed-amsgrad-masters": (dict(ram_budget="200KiB", amsgrad=True), "cut"),
+    "after-a-cut-resident-no-masters": (dict(ram_budget=None, keep_master=False), "cut"),
     "non-durable-streamed-masters": (dict(ram_budget="112KiB", durable=False), 0),
     "non-durable-resident-masters": (dict(ram_budget=None, durable=False), 0),
 }
@@ -67,16 +70,18 @@ def scratch_root(requested: str | None) -> str:
     return shm if os.path.isdir(shm) and supports_direct_io(shm) else tempfile.gettempdir()
 
 
-def soak_one(name: str, fields: dict, before: int, backend: str, seed: int, images: int, root: Path) -> dict:
+def soak_one(name: str, fields: dict, before: int | str, backend: str, seed: int, images: int, root: Path) -> dict:
     """Record one run of a scenario and check ``images`` images of it."""
     work = Path(tempfile.mkdtemp(prefix="powercut-soak-", dir=root))
     try:
         job = CrashJob(state_dir=str(work / "state"), steps=STEPS, backend=backend, seed=seed, **fields)
-        reported = None
-        if before:  # a run that resumes a closed directory: its files are the durable start
+        if before == "cut":
+            recording = record_after_cut(job, seed=seed, workdir=work)
+        elif before:  # a run that resumes a closed directory: its files are the durable start
             record_run(dataclasses.replace(job, steps=before))
-            reported = before
-        recording = record_run(job, reported_before=reported)
+            recording = record_run(job, reported_before=before)
+        else:
+            recording = record_run(job)
         image_seed = zlib.crc32(f"{name}/{backend}/{seed}".encode())  # every run gets its own cuts and draws
         result = run_powercuts(job, images=images, seed=image_seed, workdir=work, recording=recording)
         return {"scenario": name, "backend": backend, "job_seed": seed, **result.summary(), "violation_list": result.violations}

@@ -25,7 +25,7 @@ from tierstore.backends.mmap_file import MmapFile
 from tierstore.hostmem import HostBuffer
 from tierstore.testing.crash import CrashJob
 from tierstore.testing.fsrecord import Op, Recorder, Recording
-from tierstore.testing.powercut import record_run, run_powercuts
+from tierstore.testing.powercut import record_after_cut, record_run, run_powercuts
 
 IMAGES = 12  # per scenario: 6 scenarios, 72 images in all
 
@@ -201,6 +201,13 @@ def test_every_power_cut_image_resumes_at_a_committed_step_bitwise(ram_tmp_path,
     # The images spread over the run: construction, several steps, and states between steps.
     assert {"construct", "step", "forward"} <= set(result.phases)
     assert len(result.resumed_steps) >= 3, result.resumed_steps
+
+
+def test_a_directory_resumed_after_a_power_cut_survives_another(ram_tmp_path):
+    job = CrashJob(state_dir=str(ram_tmp_path / "state"), steps=4, backend="direct", ram_budget="200KiB", amsgrad=True)
+    recording = record_after_cut(job, seed=5, workdir=ram_tmp_path / "first")
+    result = run_powercuts(job, images=IMAGES, seed=5, workdir=ram_tmp_path, recording=recording)
+    assert result.violations == [] and result.outcomes["resumed"] == IMAGES
 
 
 @pytest.mark.parametrize("backend", ["buffered", "mmap"])

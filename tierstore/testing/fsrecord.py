@@ -460,7 +460,7 @@ class Image:
         if self.files is None:
             return
         path = Path(path)
-        path.mkdir()
+        path.mkdir(parents=True)
         for name, data in self.files.items():
             (path / name).write_bytes(data)
 

@@ -55,6 +55,7 @@ Example
 from __future__ import annotations
 
 import dataclasses
+import random
 import shutil
 import time
 from collections import Counter
@@ -116,6 +117,32 @@ def record_run(job: CrashJob, *, committed: Committed | None = None, reported_be
         rec.report(done)  # a returned close() leaves every step committed, durable or not
         rec.phase("closed")
     return rec.recording()
+
+
+def record_after_cut(job: CrashJob, *, seed: int, workdir: str | Path, committed: Committed | None = None) -> Recording:
+    """Record a run that resumes where a power cut left a first one, mid-training.
+
+    Records a fresh run of ``job`` (in ``workdir``), draws images of cuts
+    inside its steps until one resumes, puts that image in ``job.state_dir``
+    (which must not exist) and records ``job`` resumed from it: leftovers of
+    the first cut (torn stale copies, a temporary manifest, the in-flight
+    marker) are the second run's durable starting point.
+    """
+    first_job = dataclasses.replace(job, state_dir=str(Path(workdir) / "first-run"))
+    first = record_run(first_job, committed=committed)
+    expected = trajectory(job)
+    rng = random.Random(seed)
+    cuts = [c for c in first.cut_points() if first.phase_at(c).startswith("step")]
+    for _ in range(100):
+        image = first.image(rng.choice(cuts), seed=rng.randrange(1 << 32), style="mixed")
+        if check_image(image, job, expected, Path(workdir) / "probe").outcome == "resumed":
+            break
+    else:
+        raise RuntimeError(f"no image of {job} resumed after 100 draws")
+    shutil.rmtree(first_job.state_dir, ignore_errors=True)
+    shutil.rmtree(Path(workdir) / "probe", ignore_errors=True)
+    image.materialize(job.state_dir)
+    return record_run(job, committed=committed, reported_before=image.reported)
 
 
 @dataclass
