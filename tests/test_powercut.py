@@ -24,7 +24,8 @@ from tierstore.backends.direct import BufferedFile
 from tierstore.backends.mmap_file import MmapFile
 from tierstore.hostmem import HostBuffer
 from tierstore.testing.crash import CrashJob
-from tierstore.testing.fsrecord import Op, Recorder, Recording
+from tierstore.testing.fsimage import Op, Recording
+from tierstore.testing.fsrecord import Recorder
 from tierstore.testing.powercut import record_after_cut, record_run, run_powercuts
 
 IMAGES = 12  # per scenario: 6 scenarios, 72 images in all

@@ -7,7 +7,8 @@ A killed process leaves its page cache behind, so SIGKILL tests
 process while :class:`~tierstore.testing.fsrecord.Recorder` records every
 operation that reaches its state directory, builds the on-disk images a
 power cut at any point of that log could leave
-(:meth:`~tierstore.testing.fsrecord.Recording.image`), and resumes from each
+(:meth:`~tierstore.testing.fsimage.Recording.image`, where the model is
+stated), and resumes from each
 in a fresh copy of the directory. Every image must resume at exactly some
 committed step, bitwise equal to ``torch.optim.AdamW(fused=True)`` run
 uninterrupted to that step (and go on to the next step equal too), never
@@ -64,7 +65,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .crash import CrashJob, Snapshot, differences, gradients, initial_params, trajectory
-from .fsrecord import Image, Recorder, Recording
+from .fsimage import Image, Recording
+from .fsrecord import Recorder
 
 Committed = Callable[[object], "int | None"]
 
