@@ -4,7 +4,8 @@ A backend is a :class:`~tierstore.backends.ShardFile`: a preallocated file
 addressed by byte offset, read into and written from page-aligned host
 buffers. Whatever it does underneath (``O_DIRECT``, the page cache, a shared
 mapping), it must behave the same: a read returns the last write, offsets are
-honoured, ``sync`` makes data survive a reopen, ``close`` is safe twice, and
+honoured, ``sync`` makes completed writes survive a power cut (checked on the
+recorded system calls, :mod:`tierstore.testing.fsrecord`), ``close`` is safe twice, and
 the faults users can act on come back as the tierstore errors that say what
 to do (missing or truncated file: :class:`~tierstore.errors.CorruptStateError`;
 out of space: :class:`~tierstore.errors.DiskFullError`; a request outside the

@@ -227,7 +227,7 @@ class Recording:
                 if op.kind == "mkroot":
                     root = True
                 else:
-                    _rename_apply(names, op)
+                    _apply_name(names, op)
             elif op.kind in DATA_KINDS:
                 buf = contents.get(op.inode)
                 if buf is None:
@@ -260,7 +260,7 @@ def _covers(sync: Op, op: Op) -> bool:
     return True
 
 
-def _rename_apply(names: dict[str, int], op: Op) -> None:
+def _apply_name(names: dict[str, int], op: Op) -> None:
     if op.kind == "create":
         names[op.name] = op.inode
     elif op.kind == "unlink":

@@ -137,14 +137,16 @@ def record_after_cut(job: CrashJob, *, seed: int, workdir: str | Path, committed
     cuts = [c for c in first.cut_points() if first.phase_at(c).startswith("step")]
     for _ in range(100):
         image = first.image(rng.choice(cuts), seed=rng.randrange(1 << 32), style="mixed")
-        if check_image(image, job, expected, Path(workdir) / "probe").outcome == "resumed":
+        verdict = check_image(image, job, expected, Path(workdir) / "probe")
+        if verdict.outcome == "resumed":
             break
     else:
         raise RuntimeError(f"no image of {job} resumed after 100 draws")
     shutil.rmtree(first_job.state_dir, ignore_errors=True)
     shutil.rmtree(Path(workdir) / "probe", ignore_errors=True)
     image.materialize(job.state_dir)
-    return record_run(job, committed=committed, reported_before=image.reported)
+    # The image holds that step durably now: nothing committed may be lost from here on.
+    return record_run(job, committed=committed, reported_before=verdict.step)
 
 
 @dataclass
