@@ -30,4 +30,6 @@ run step-durable-1e8 python bench/step.py --params 1e8 --ram-budget 1/8 --dir "$
 # 7. Byte flips in every state file: all must be detected.
 run flip-soak python bench/flip_soak.py --flips 1000 --json $OUT/flip_soak.json
 # 8. Crash soak: hundreds of SIGKILLs, resumed and compared bitwise.
-run crash-soak python bench/crash_soak.py --kills 300 --json $OUT/crash_soak.json
+run crash-soak python bench/crash_soak.py --kills 300 --json $OUT/crash-soak-phases.json
+# 9. Simulated power cuts: 2,040 images of recorded runs, every backend, resumed and compared bitwise.
+run powercut-soak python bench/powercut_soak.py --images 2040 --seeds 4 --json $OUT/powercut-soak.json

@@ -1,4 +1,4 @@
-"""Shared test setup: Hypothesis profiles and a snapshot of a directory's files.
+"""Shared test setup: Hypothesis profiles, a snapshot of a directory's files, a RAM-backed scratch dir.
 
 Every property test sets its own ``max_examples``, sized so the whole suite
 stays within its time budget on a 2-core machine; the profile here only
@@ -9,7 +9,9 @@ turns off per-example deadlines (disk noise makes step times vary) and the
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -58,3 +60,31 @@ def snapshot_files(root: Path | str) -> Snapshot:
 def snapshot() -> Callable[[Path | str], Snapshot]:
     """A function returning :func:`snapshot_files` of a directory."""
     return snapshot_files
+
+
+def _ram_scratch_root() -> str | None:
+    """``/dev/shm`` when it exists and takes ``O_DIRECT`` (tmpfs does on Linux >= 6.6), else ``None``."""
+    from tierstore.backends import supports_direct_io
+
+    root = "/dev/shm"
+    return root if os.path.isdir(root) and os.access(root, os.W_OK) and supports_direct_io(root) else None
+
+
+@pytest.fixture
+def ram_tmp_path(tmp_path: Path) -> Iterator[Path]:
+    """A fresh directory in RAM (tmpfs) where possible, else ``tmp_path``.
+
+    For tests whose subject is not the drive: SIGKILL tests (a killed
+    process leaves the page cache, so fsyncs cannot matter to them) and
+    simulated power cuts (which model the drive themselves). There fsyncs
+    cost nothing, where the shared virtual disk takes ~10 ms each.
+    """
+    root = _ram_scratch_root()
+    if root is None:
+        yield tmp_path
+        return
+    path = Path(tempfile.mkdtemp(prefix="tierstore-test-", dir=root))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -45,6 +45,7 @@ LAYERS: dict[str, int] = {
     "benchmarks.step": 12, "benchmarks.workload": 12, "benchmarks.durability": 12, "benchmarks.overlap": 12,
     # 14: test kits, over the public face
     "testing": 14, "testing.backend": 14, "testing.crash": 14, "testing.distributed": 14,
+    "testing.fsimage": 14, "testing.fsrecord": 14, "testing.powercut": 14,
 }  # fmt: skip
 
 

@@ -12,7 +12,8 @@ import torch
 
 from tierstore import TieredAdamW
 from tierstore.backends import BACKENDS, open_backend, resolve_backend, supports_direct_io
-from tierstore.backends.direct import O_DIRECT
+from tierstore.backends.direct import O_DIRECT, BufferedFile
+from tierstore.backends.mmap_file import MmapFile
 from tierstore.errors import BackendError, ConfigError
 from tierstore.testing.backend import BackendTests
 
@@ -46,6 +47,39 @@ class TestMmap(BackendTests):
         # Writes into a shared mapping are memory copies; the drive's errors surface
         # when the pages are written back, i.e. from sync (msync).
         monkeypatch.setattr(file, "_map", _FailingMap(file._map, err))
+
+
+class _NoSyncFile(BufferedFile):
+    """A backend whose sync does nothing (the bug the kit must catch)."""
+
+    name = "nosync"
+
+    def sync(self) -> None:
+        pass
+
+
+class _NoFlushMmap(MmapFile):
+    """A mapped backend whose sync never flushes the mapping."""
+
+    name = "noflush"
+
+    def sync(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("cls", [_NoSyncFile, _NoFlushMmap], ids=["pwrite", "mmap"])
+def test_the_kit_fails_a_backend_whose_sync_does_nothing(tmp_path: Path, cls) -> None:
+    class Kit(BackendTests):
+        backend = cls.name
+
+        def open_file(self, path, nbytes, *, create):
+            return cls(path, nbytes, create=create)
+
+    kit = Kit()
+    # Reading back after a reopen sees the page cache: that test cannot tell.
+    kit.test_sync_then_reopen_sees_the_data(tmp_path / "reopen.bin")
+    with pytest.raises(AssertionError, match="power cut right after it would lose written bytes"):
+        kit.test_sync_makes_written_ranges_survive_a_power_cut(tmp_path)
 
 
 def test_every_registered_backend_has_a_conformance_class() -> None:

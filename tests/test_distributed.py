@@ -25,10 +25,12 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
 from tierstore import ConfigError, TieredAdamW, faults
 from tierstore.dcp import TieredSavePlanner, TieredStateful
+from tierstore.testing.crash import CrashJob, step_windows
 from tierstore.testing.distributed import (
     DistJob,
     agree_rank,
     compare,
+    job_phases,
     reference,
     replace,
     run_ranks,
@@ -105,25 +107,76 @@ def _resume_and_check(job: DistJob, reference_result: dict) -> None:
     assert compare(job, "resumed", world_size=2, against=reference_result) == []
 
 
+def _window(name: str) -> list[str]:
+    return ["construct"] if name == "construction" else step_windows(CrashJob(state_dir="", steps=STEPS))[name]
+
+
+# A step's commit finishes on a background thread while the rank is already past the step:
+# its points land in the step or in what follows it (the next forward, or export and close).
+COMMIT_POINTS = ("before-sync", "manifest-tmp", "manifest-renamed", "after-commit")
+
+
+def _window_for(point: str, name: str) -> list[str]:
+    phases = _window(name)
+    if point not in COMMIT_POINTS or name == "construction":
+        return phases
+    more = []
+    for phase in phases:
+        k = int(phase.split()[1])
+        more += [f"forward {k + 1}"] if k + 1 < STEPS else ["export", "close"]
+    return phases + [p for p in more if p not in phases]
+
+
+def _assert_victim(results, victim: int, phases: list[str], point: str | None, commits: list[int | None]) -> None:
+    """The victim died by the planned kill, where it was meant to, holding the step it saw committed (or the next)."""
+    got = results[victim]
+    assert got.crashed, f"rank {victim} was not killed as planned: {results}"
+    assert got.phase in phases, f"rank {victim}'s kill landed in {got.phase!r}, meant for {phases}: {results}"
+    if point is not None:
+        assert got.landed_point == point, results
+    # It reports committed_step; commits finish in the background, so one more may have landed
+    # (two inside a step, whose own commit may finish before it returns).
+    allowed = {None, 0} if got.completed < 0 else {got.completed, got.completed + 1, got.completed + 2}
+    if not got.phase.startswith(("step", "construct")) and got.completed >= 0:
+        allowed = {got.completed, got.completed + 1}
+    assert commits[victim] in allowed, (commits, results)
+
+
+MANY_HITS = ("after-read", "mid-update", "mid-write")  # reached once per shard; the others once per commit
+STEP_ONLY = ("after-read", "mid-update")  # never reached while a fresh optimizer is built
+
+
 @pytest.mark.parametrize("victim", [0, 1])
 @pytest.mark.parametrize("point", faults.POINTS)
 def test_kill_one_rank_at_named_point_then_both_resume_bitwise(tmp_path, two_piece_reference, point, victim):
     rng = random.Random(f"{point}-{victim}")
+    windows = ("early", "middle", "late") if point in STEP_ONLY else ("construction", "early", "middle", "late")
+    if point == "inflight-marker":  # made durable once per open, while the optimizer is built
+        windows = ("construction",)
+    phases = _window_for(point, windows[(faults.POINTS.index(point) + victim) % len(windows)])
     job = DistJob(state_dir=str(tmp_path / "state"), out_dir=str(tmp_path), steps=STEPS)
-    # The other rank may run on a little (finishing its step) before it is killed too.
-    # The in-flight marker is made durable once per open (it stays until a clean close).
-    crash = (victim, point, 1 if point == "inflight-marker" else rng.choice([1, 3, 6]))
-    results = run_ranks(train_rank, world_size=2, args=(job, "crashed"), crash=crash, kill_grace=rng.uniform(0, 0.2))
-    assert results[victim].crashed, f"crash point {point!r} was never reached: {results}"
+    # Counted only in the phases under test; the other rank may run on a little (finishing
+    # its step) before it is killed too.
+    crash = (victim, point, rng.choice([1, 3]) if point in MANY_HITS else 1, phases)
+    results = run_ranks(
+        train_rank, world_size=2, args=(job, "crashed"), phases=job_phases(job), crash=crash, kill_grace=rng.uniform(0, 0.2)
+    )
+    _assert_victim(results, victim, phases, point, _last_commits(job))
     _resume_and_check(job, two_piece_reference)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_kill_one_rank_at_random_instant_then_both_resume_bitwise(tmp_path, two_piece_reference, seed):
-    rng = random.Random(seed)
+@pytest.mark.parametrize("window", ["construction", "early", "middle", "late"])
+def test_kill_one_rank_at_random_instant_then_both_resume_bitwise(tmp_path, two_piece_reference, window):
+    rng = random.Random(window)
     job = DistJob(state_dir=str(tmp_path / "state"), out_dir=str(tmp_path), steps=STEPS)
-    kill = (rng.choice([0, 1]), rng.uniform(0.1, 0.6))
-    run_ranks(train_rank, world_size=2, args=(job, "crashed"), kill_after=kill, kill_grace=rng.uniform(0, 0.1))
+    victim = rng.choice([0, 1])
+    phase = rng.choice(_window(window) + ([f"forward {k}" for k in range(1, STEPS)] if window == "middle" else []))
+    # The victim holds at the end of its phase until killed: the kill cannot miss it.
+    kill = (victim, phase, rng.uniform(0.0, 0.03))
+    results = run_ranks(
+        train_rank, world_size=2, args=(job, "crashed"), phases=job_phases(job), kill_in=kill, kill_grace=rng.uniform(0, 0.1)
+    )
+    _assert_victim(results, victim, [phase], None, _last_commits(job))
     _resume_and_check(job, two_piece_reference)
 
 

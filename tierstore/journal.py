@@ -45,7 +45,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,15 +201,20 @@ class Journal:
 
     # -- changes ------------------------------------------------------
     @contextlib.contextmanager
-    def changing(self) -> Iterator[None]:
+    def changing(self, progress: Callable[[], Progress] | None = None) -> Iterator[None]:
         """Run a change of the state; on failure forget its writes (the committed copies stay).
 
         Durable: the in-flight marker is made durable first (once: it stays
         until a clean close), so ``verify`` knows stale copies may be
-        half-written.
+        half-written. Without durability, a user's directory gets a dirty
+        manifest (from ``progress()``) before the first write, so a crash
+        during the change leaves a directory that is refused on resume.
         """
         try:
             self._mark_in_flight()
+            if progress is not None and not self.durable and self.persistent and not self._dirty_marked:
+                self.statedir.write_manifest(self._manifest(progress(), clean=False))
+                self._dirty_marked = True
             yield
         except BaseException:
             self._settle()  # a commit in flight still adopts its own writes, then ours are forgotten
@@ -376,7 +381,7 @@ class Journal:
             statedir.end_writes()
             return
         store.flush_resident()
-        store.commit(progress.step_count)
+        store.commit(progress.step_count, sync=True)  # the data is durable before the clean manifest names it
         statedir.write_manifest(self._manifest(progress, clean=True))
 
     def release(self, *, discard: bool = False) -> None:

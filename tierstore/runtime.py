@@ -135,7 +135,7 @@ class Runtime:
         optimizer built with ``resume=True`` continues from the last commit.
         """
         try:
-            with self.journal.changing():
+            with self.journal.changing(self.progress):
                 yield
         except BaseException as exc:
             self.pipeline.invalidate()

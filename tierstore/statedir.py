@@ -6,7 +6,8 @@ dying, so a crash never leaves a stale lock). The manifest
 (``manifest.json``) names the format version and the layout the files
 belong to; it is replaced atomically (write a temporary file, ``fsync``,
 ``rename``, ``fsync`` the directory), so readers see the old or the new one,
-never a torn one.
+never a torn one. A directory it creates is made durable in its parent
+before anything is committed in it.
 
 Example
 -------
@@ -81,8 +82,13 @@ class StateDir:
         path = self.path
         self._created_dir = not path.exists()
         self._created_lock = not (path / LOCK).exists()
+        missing = [p for p in (path, *path.parents) if not p.exists()]  # innermost first
         try:
             path.mkdir(parents=True, exist_ok=True)
+            # A new directory's name lives in its parent: until the parent is synced a
+            # power cut may lose the directory and every commit made inside it.
+            for created in reversed(missing):
+                fsync_dir(created.parent)
         except FileExistsError:
             raise StateDirError(
                 f"state_dir={str(path)!r} exists and is not a directory; pass a directory path"

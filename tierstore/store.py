@@ -426,7 +426,7 @@ class ShardStore:
         """True when some shard changed or was written since the last commit."""
         return any(e.pending is not None or e.dirty or e.persist is not None for e in self.entries)
 
-    def commit(self, step: int, *, persist: bool = True) -> None:
+    def commit(self, step: int, *, persist: bool = True, sync: bool | None = None) -> None:
         """Make every write since the last commit durable, then adopt it as committed.
 
         Durable: first write the resident shards changed since their last
@@ -434,25 +434,23 @@ class ShardStore:
         and wait for every resident write in flight; then sync the files. Only
         after the files are synced do the entries point at the new copies; the
         caller then writes the manifest naming them. Without durability the
-        writes are adopted without a sync: nothing is promised after a crash.
+        writes are adopted without a sync (nothing is promised after a crash),
+        unless ``sync=True`` (a clean close, before its clean manifest).
         """
         self._require_open()
-        if self.durable:
-            if persist:
-                self.persist_resident()
-            for entry in self.entries:
-                transfer = entry.persist
-                if transfer is not None:
-                    transfer.wait()
-                    entry.persist = None
-            crash_point("before-sync")
-            with self._dirty_lock:
+        if self.durable and persist:
+            self.persist_resident()
+        for entry in self.entries:
+            transfer = entry.persist
+            if transfer is not None:
+                transfer.wait()
+                entry.persist = None
+        if self.durable if sync is None else sync:
+            with self._dirty_lock:  # files written since the last sync, however many commits ago
                 dirty, self._dirty_copies = sorted(self._dirty_copies), set()
+            crash_point("before-sync")
             for copy in dirty:
                 self.files[copy].sync()
-        else:
-            with self._dirty_lock:
-                self._dirty_copies.clear()
         for entry in self.entries:
             if entry.pending is not None:
                 copy, checksum = entry.pending

@@ -6,6 +6,12 @@ process's page tables (``MADV_DONTNEED`` on a shared file mapping keeps the
 data in the page cache) so the process's RSS does not grow with the state;
 the page cache does, which is why ``direct`` exists.
 
+Only two methods change the file through the mapping: :meth:`MmapFile._store`
+(a copy into it) and :meth:`MmapFile._msync` (``msync``). Tests that simulate
+power loss (:mod:`tierstore.testing.powercut`) wrap those two to see what
+reached the page cache and what was made durable, as they see ``os.pwritev``
+and ``os.fdatasync`` for the other backends.
+
 Example
 -------
 >>> import tempfile, pathlib
@@ -76,17 +82,24 @@ class MmapFile(ShardFile):
         self._check_range(buffer, offset)
         if not len(buffer):
             return
-        source = torch.frombuffer(buffer, dtype=torch.uint8)
-        self._file_range(offset, len(buffer)).copy_(source)
+        self._store(offset, torch.frombuffer(buffer, dtype=torch.uint8))
         self._drop(offset, len(buffer))
+
+    def _store(self, offset: int, source: torch.Tensor) -> None:
+        """Copy ``source`` into the mapping at ``offset`` (dirty pages, not yet durable)."""
+        self._file_range(offset, source.numel()).copy_(source)
 
     def sync(self) -> None:
         if self._map is None:
             return
         try:
-            self._map.flush()
+            self._msync(0, self.nbytes)
         except OSError as exc:
             raise io_error(exc, self.path, "syncing", 0, self.nbytes) from exc
+
+    def _msync(self, offset: int, length: int) -> None:
+        """``msync(MS_SYNC)`` of ``[offset, offset + length)``: those pages are durable after it."""
+        self._map.flush(offset, length)
 
     def close(self) -> None:
         if self.closed:

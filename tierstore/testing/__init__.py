@@ -2,6 +2,13 @@
 
 - :mod:`tierstore.testing.backend`: :class:`~tierstore.testing.backend.BackendTests`,
   the conformance tests every I/O backend runs (subclass it and set ``backend``).
+- :mod:`tierstore.testing.crash`: train in a child process, SIGKILL it at a named
+  crash point or a random instant inside a chosen phase, check where it landed.
+- :mod:`tierstore.testing.fsrecord`: record every operation that reaches a directory.
+- :mod:`tierstore.testing.fsimage`: the images a power cut could leave of it.
+- :mod:`tierstore.testing.powercut`: record a training run, resume from power-cut
+  images of it, compare bitwise with ``torch.optim.AdamW(fused=True)``.
+- :mod:`tierstore.testing.distributed`: gloo ranks on the CPU, FSDP2/ZeRO jobs.
 
 The kits need ``pytest`` and ``hypothesis`` (the ``test`` extra); importing
 :mod:`tierstore` itself never imports this package.

@@ -4,7 +4,8 @@ A backend is a :class:`~tierstore.backends.ShardFile`: a preallocated file
 addressed by byte offset, read into and written from page-aligned host
 buffers. Whatever it does underneath (``O_DIRECT``, the page cache, a shared
 mapping), it must behave the same: a read returns the last write, offsets are
-honoured, ``sync`` makes data survive a reopen, ``close`` is safe twice, and
+honoured, ``sync`` makes completed writes survive a power cut (checked on the
+recorded system calls, :mod:`tierstore.testing.fsrecord`), ``close`` is safe twice, and
 the faults users can act on come back as the tierstore errors that say what
 to do (missing or truncated file: :class:`~tierstore.errors.CorruptStateError`;
 out of space: :class:`~tierstore.errors.DiskFullError`; a request outside the
@@ -42,6 +43,7 @@ from ..backends import BACKENDS, ShardFile, open_backend
 from ..errors import BackendError, CorruptStateError, DiskFullError, TierstoreError
 from ..hostmem import HostBuffer
 from ..transfer import IOQueue
+from .fsrecord import Recorder
 
 PAGE = 4096
 
@@ -75,6 +77,10 @@ class BackendTests:
 
     backend: ClassVar[str]
     nbytes: ClassVar[int] = 64 << 10  # 64 KiB: 16 pages
+    #: False for a backend that reaches its file other than through ``os`` calls or
+    #: :class:`~tierstore.backends.mmap_file.MmapFile`'s copy and msync: the power-cut
+    #: recorder (:mod:`tierstore.testing.fsrecord`) cannot see it, so its sync goes unchecked.
+    observable: ClassVar[bool] = True
 
     # -- hooks a backend's test class may override ----------------------
     def open_file(self, path: Path, nbytes: int, *, create: bool) -> ShardFile:
@@ -266,6 +272,44 @@ class BackendTests:
         assert torch.equal(out.tensor, src.tensor)
         src.close()
         out.close()
+
+    def test_sync_makes_written_ranges_survive_a_power_cut(self, tmp_path: Path) -> None:
+        """Once ``sync()`` returns, a power cut keeps every write before it.
+
+        Reopening after ``sync`` (the test above) reads the page cache and
+        would pass a ``sync`` that does nothing. This records the system
+        calls (``fsync``/``fdatasync``, or ``msync`` of the mapped range) and
+        builds the worst image a power cut right after ``sync`` may leave.
+        """
+        if not self.observable:
+            pytest.skip(f"backend {self.backend!r} is not observable by the power-cut recorder")
+        root = tmp_path / "powercut"
+        root.mkdir()
+        src = filled(3 * PAGE, seed=12)
+        expected = bytes(src.tensor.numpy())
+        try:
+            with Recorder(root) as rec:
+                f = self.open_file(root / "shards.bin", self.nbytes, create=True)
+                dfd = os.open(root, os.O_RDONLY)
+                os.fsync(dfd)  # the file's name is durable: that is not the backend's job
+                os.close(dfd)
+                f.write_from(src.view, PAGE)
+                f.write_from(src.view[:PAGE], self.nbytes - PAGE)
+                f.sync()
+                rec.phase("synced")
+                f.close()
+        finally:
+            src.close()
+        recording = rec.recording()
+        cut = next(op.begin for op in recording.ops if op.kind == "phase") + 1
+        image = recording.image(cut, seed=0, style="dropped")
+        data = (image.files or {}).get("shards.bin", b"")
+        survived = data[PAGE : 4 * PAGE] == expected and data[self.nbytes - PAGE :] == expected[:PAGE]
+        assert survived, (
+            f"sync() of {self.backend!r} returned, yet a power cut right after it would lose written bytes "
+            f"(file {len(data)} of {self.nbytes} bytes after the cut): sync must fsync/fdatasync the file "
+            "(or msync the mapped range) after the writes"
+        )
 
     def test_sync_twice_and_without_writes(self, shard_file: ShardFile) -> None:
         shard_file.sync()

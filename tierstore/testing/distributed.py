@@ -3,9 +3,13 @@
 :func:`run_ranks` starts ``world_size`` processes from a fork server that has
 already imported torch (and ``torch._dynamo``, which FSDP2 imports), gives
 each a gloo process group with a short collective timeout, and watches them:
-when one rank dies (a crash point's ``SIGKILL``, or an exception) the others
-are killed too after ``kill_grace`` seconds, as a job scheduler would, instead
-of waiting in a collective for a peer that is gone.
+when one rank dies (a crash point's ``SIGKILL``, a planned kill, or an
+exception) the others are killed too after ``kill_grace`` seconds, as a job
+scheduler would, instead of waiting in a collective for a peer that is gone.
+Given the ``phases`` a target goes through, each rank reports its phase
+(:class:`~tierstore.testing.crash.Progress`): a crash point then counts only
+in the phases named, ``kill_in`` kills a rank at a random instant inside one
+phase, and every :class:`RankResult` says where its rank died.
 
 :class:`DistJob` describes a small deterministic training run (an MLP whose
 batches are a pure function of the step number, the same on every rank, so
@@ -39,12 +43,16 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from tierstore import faults
+
+from .crash import POLL_SECONDS, Progress, phase_names
 
 PRELOAD = (
     "torch",
@@ -74,17 +82,33 @@ def _context() -> mp.context.BaseContext:
 
 @dataclass
 class RankResult:
-    """How one rank's process ended."""
+    """How one rank's process ended, and where."""
 
     rank: int
     exitcode: int | None
-    killed_by_harness: bool  # SIGKILLed by run_ranks (a peer died, or the timeout)
+    killed_by_harness: bool  # SIGKILLed by run_ranks because a peer died, or at the timeout
     seconds: float
+    phase: str | None = None  # the phase it was in when it ended (None: phases not reported)
+    landed_point: str | None = None  # the crash point that killed it
+    completed: int = -1  # the step count it last saw committed
 
     @property
     def crashed(self) -> bool:
-        """Died by SIGKILL that run_ranks did not send (an armed crash point)."""
+        """Died by the planned SIGKILL: an armed crash point, or ``kill_in``."""
         return self.exitcode == -signal.SIGKILL and not self.killed_by_harness
+
+
+_PROGRESS: Progress | None = None  # this rank's reporter, when run_ranks was given phases
+
+
+def enter(name: str) -> None:
+    """Tell run_ranks (and :mod:`tierstore.faults`) this rank's phase; targets call it."""
+    from tierstore import faults
+
+    if _PROGRESS is not None:
+        _PROGRESS.enter(name)
+    else:
+        faults.set_phase(name)
 
 
 def _rank_main(
@@ -93,16 +117,19 @@ def _rank_main(
     world_size: int,
     init_file: str,
     collective_timeout: float,
-    crash: tuple[str, int] | None,
+    crash: tuple[str, int, Collection[str] | None] | None,
+    progress: Progress | None,
     args: tuple,
 ) -> None:
     import torch.distributed as dist
 
     from tierstore import faults
 
+    global _PROGRESS
+    _PROGRESS = progress
     torch.set_num_threads(1)  # ranks share 2 cores; results do not depend on it
     if crash is not None:
-        faults.arm(crash[0], after=crash[1])
+        faults.arm(crash[0], after=crash[1], during=crash[2], on_fire=progress.fired if progress else None)
     dist.init_process_group(
         "gloo",
         init_method=f"file://{init_file}",
@@ -121,8 +148,9 @@ def run_ranks(
     *,
     world_size: int,
     args: Sequence[Any] = (),
-    crash: tuple[int, str, int] | None = None,
-    kill_after: tuple[int, float] | None = None,
+    phases: Sequence[str] | None = None,
+    crash: tuple[int, str, int] | tuple[int, str, int, Collection[str]] | None = None,
+    kill_in: tuple[int, str, float] | None = None,
     kill_grace: float = 0.0,
     collective_timeout: float = 20.0,
     timeout: float = 120.0,
@@ -137,12 +165,16 @@ def run_ranks(
         Number of ranks.
     args
         Further positional arguments for ``target`` (picklable).
+    phases
+        Every phase ``target`` reports with :func:`enter`, in order (e.g.
+        :func:`job_phases`); needed by ``kill_in`` and by ``crash`` with phases.
     crash
-        ``(rank, point, after)``: arm :mod:`tierstore.faults` crash point
-        ``point`` in ``rank`` (it SIGKILLs itself the ``after``-th time).
-    kill_after
-        ``(rank, seconds)``: SIGKILL ``rank`` that long after the start, at
-        whatever it is doing (if it is still running).
+        ``(rank, point, after)`` or ``(rank, point, after, during)``: arm
+        :mod:`tierstore.faults` crash point ``point`` in ``rank`` (it SIGKILLs
+        itself the ``after``-th time it is reached in a phase of ``during``).
+    kill_in
+        ``(rank, phase, delay)``: SIGKILL ``rank`` ``delay`` seconds after it
+        entered ``phase``; it holds at the end of that phase until killed.
     kill_grace
         Seconds the other ranks may run on after one rank died (they may
         finish a step already under way) before they are SIGKILLed.
@@ -162,15 +194,22 @@ def run_ranks(
     >>> run_ranks(print, world_size=2, args=("hello",))  # doctest: +SKIP
     """
     ctx = _context()
+    if (kill_in is not None or (crash is not None and len(crash) > 3)) and phases is None:
+        raise ValueError("kill_in and crash points counted in phases need the target's phases=")
     init_dir = tempfile.mkdtemp(prefix="tierstore-pg-")
     init_file = os.path.join(init_dir, "store")
     procs = []
+    progress: list[Progress | None] = []
     for rank in range(world_size):
-        arm = (crash[1], crash[2]) if crash is not None and crash[0] == rank else None
+        arm = None
+        if crash is not None and crash[0] == rank:
+            arm = (crash[1], crash[2], crash[3] if len(crash) > 3 else None)
+        gate = kill_in[1] if kill_in is not None and kill_in[0] == rank else None
+        progress.append(None if phases is None else Progress(ctx, list(phases), gate=gate))
         procs.append(
             ctx.Process(
                 target=_rank_main,
-                args=(target, rank, world_size, init_file, collective_timeout, arm, tuple(args)),
+                args=(target, rank, world_size, init_file, collective_timeout, arm, progress[rank], tuple(args)),
                 name=f"rank{rank}",
             )
         )
@@ -189,12 +228,8 @@ def run_ranks(
                     ended[rank] = now - t0
                     if p.exitcode != 0 and first_failure is None:
                         first_failure = now
-            if kill_after is not None and now - t0 >= kill_after[1]:
-                victim = procs[kill_after[0]]
-                if kill_after[0] not in ended and victim.is_alive():
-                    os.kill(victim.pid, signal.SIGKILL)
-                    harness_killed.add(kill_after[0])
-                kill_after = None
+            if kill_in is not None and _kill_if_due(procs[kill_in[0]], progress[kill_in[0]], kill_in[1], kill_in[2]):
+                kill_in = None
             if first_failure is not None and now - first_failure >= kill_grace:
                 for rank, p in enumerate(procs):
                     if rank not in ended and p.is_alive():
@@ -208,7 +243,7 @@ def run_ranks(
                         harness_killed.add(rank)
             waiting = [p.sentinel for r, p in enumerate(procs) if r not in ended]
             if waiting:
-                nap = 0.005 if first_failure is not None or kill_after is not None else 0.2
+                nap = POLL_SECONDS if kill_in is not None else 0.005 if first_failure is not None else 0.2
                 multiprocessing.connection.wait(waiting, timeout=nap)
     finally:
         for p in procs:
@@ -218,7 +253,32 @@ def run_ranks(
         os.rmdir(init_dir)
     if timed_out:
         raise TimeoutError(f"ranks of {getattr(target, '__name__', target)} ran longer than {timeout} s")
-    return [RankResult(r, p.exitcode, r in harness_killed, ended.get(r, 0.0)) for r, p in enumerate(procs)]
+    results = []
+    for r, p in enumerate(procs):
+        result = RankResult(r, p.exitcode, r in harness_killed, ended.get(r, 0.0))
+        if progress[r] is not None:
+            result.phase = progress[r].phase_name()
+            result.completed = progress[r].completed.value
+            point = progress[r].landed_point.value
+            result.landed_point = faults.POINTS[point] if point >= 0 else None
+        results.append(result)
+    return results
+
+
+def _kill_if_due(proc: mp.process.BaseProcess, progress: Progress, phase: str, delay: float) -> bool:
+    """SIGKILL ``proc`` once ``delay`` seconds passed since it entered ``phase``; True when done with it."""
+    target = progress.names.index(phase)
+    if proc.exitcode is not None or progress.phase.value > target:
+        return True  # ended, or went past without entering it: nothing to kill
+    if progress.phase.value < target or time.monotonic() < progress.entered[target] + delay:
+        return False
+    os.kill(proc.pid, signal.SIGKILL)
+    return True
+
+
+def job_phases(job: DistJob) -> list[str]:
+    """The phases :func:`train_rank` reports for ``job``, in order."""
+    return phase_names(job.steps)
 
 
 # -- a deterministic job --------------------------------------------------------------
@@ -382,7 +442,11 @@ def _load_dcp(job: DistJob, model: torch.nn.Module, opt: torch.optim.Optimizer) 
 
 
 def train_rank(rank: int, world_size: int, job: DistJob, tag: str) -> None:
-    """Run ``job`` on this rank (resuming its state) and write ``out_dir/{tag}-rank{rank}.pt``."""
+    """Run ``job`` on this rank (resuming its state) and write ``out_dir/{tag}-rank{rank}.pt``.
+
+    Reports its phases (:func:`job_phases`) with :func:`enter`.
+    """
+    enter("construct")
     model = build_model(job)
     params = list(model.parameters())
     index = {id(p): i for i, p in enumerate(params)}
@@ -409,12 +473,17 @@ def train_rank(rank: int, world_size: int, job: DistJob, tag: str) -> None:
     if job.load:
         _load_dcp(job, trained, opt)
     first = _steps_done(opt)
+    _report_completed(_committed(opt))
     for step in range(first, job.steps):
+        enter(f"forward {step}")
         _loss(trained, job, step).backward()
+        enter(f"step {step}")
         opt.step()
         opt.zero_grad()
+        _report_completed(_committed(opt))
         if job.save_at is not None and step + 1 == job.save_at:
             _save_dcp(job, trained, opt)
+    enter("export")
     with torch.no_grad():
         out = trained(probe(job))
     result = {
@@ -427,9 +496,22 @@ def train_rank(rank: int, world_size: int, job: DistJob, tag: str) -> None:
     }
     result["params"] = {i: (t.clone(), off) for i, (t, off) in result["params"].items()}
     torch.save(result, os.path.join(job.out_dir, f"{tag}-rank{rank}.pt"))
+    enter("close")
     close = getattr(_local_optimizer(opt), "close", None)
     if close is not None:
         close()
+    enter("done")
+
+
+def _committed(opt: torch.optim.Optimizer) -> int:
+    """The step a crash now would resume at (commits finish in the background), else the steps done."""
+    committed = getattr(_local_optimizer(opt), "committed_step", None)
+    return _steps_done(opt) if committed is None else int(committed)
+
+
+def _report_completed(steps: int) -> None:
+    if _PROGRESS is not None:
+        _PROGRESS.completed.value = steps
 
 
 def reference(job: DistJob, pieces: Sequence[tuple[int, int]] | int = 1) -> dict[str, Any]:
