@@ -362,8 +362,8 @@ def load_model(spec: str) -> torch.nn.Module:
         model = model[0]
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(
-            f"--model {spec!r}: {attr}() returned a {type(model).__name__}; return a torch.nn.Module, or a tuple "
-            "whose first element is one, such as the (model, batch, loss_fn) of `tierstore diagnose`"
+            f"--model {spec!r}: {attr}() returned a {type(model).__name__}, not a torch.nn.Module; return the "
+            "model, or a tuple whose first element is the model (such as diagnose's (model, batch, loss_fn))"
         )
     return model
 
