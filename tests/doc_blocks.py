@@ -141,8 +141,12 @@ class Block:
 
     @property
     def status(self) -> str:
-        """``run``, ``reduced``, ``skipped``, ``saved`` (not code, written to a file) or ``text``."""
-        if self.skip is not None:
+        """``run``, ``reduced``, ``skipped``, ``saved`` (not code, written to a file) or ``text``.
+
+        A block skipped only under a condition (``skip: next if(...)``) counts as run:
+        the note names the condition.
+        """
+        if self.skip is not None and not self.skip.startswith("when "):
             return "skipped"
         if self.language not in RUN_LANGUAGES:
             return "saved" if self.directives.file else "text"
@@ -439,6 +443,8 @@ def format_inventory(pages: dict[str, list[Block]]) -> str:
                 notes.append(f"  {page}:{block.line} reduced: {block.directives.reduce_reason}")
             elif status == "skipped":
                 notes.append(f"  {page}:{block.line} skipped: {block.skip}")
+            if status != "skipped" and block.skip is not None:
+                notes.append(f"  {page}:{block.line} skipped {block.skip}")
         for key in totals:
             totals[key] += counts[key]
         lines.append(f"{page:40} {counts['run']:>4} {counts['reduced']:>8} {counts['skipped']:>8}")

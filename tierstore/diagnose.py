@@ -537,7 +537,7 @@ def resolve(spec: str, *, flag: str) -> Callable[..., Any]:
     """
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
-        raise ConfigError(f"{flag} {spec!r} must be 'module:factory', e.g. 'mypkg.models:build'")
+        raise ConfigError(f"{flag} {spec!r} must be 'module:factory', e.g. 'mypkg.models:build_example'")
     try:
         if module_name.endswith(".py") or "/" in module_name:
             file = Path(module_name)
