@@ -8,10 +8,14 @@ public knobs: ``"checksums": false`` stubs out the xxh3 hashing (to measure
 what integrity costs; never a production setting) and ``"block"`` sets the
 checksum block size.
 
+Needs (checked before anything is allocated): 8 bytes per parameter, plus per
+configuration 4 bytes per parameter and its ``ram_budget`` of RAM, and its
+state files on disk (about 14 GB for 10 configurations at 2e8 parameters).
+
 Usage::
 
-    python bench/ab_step.py --params 2e8 --dir /work/benchdir --rounds 6 \\
-        --configs '[{}, {"checksums": false}]' --json bench/results/ab-checksums-2e8.json
+    python bench/ab_step.py --params 2e8 --dir /mnt/nvme/scratch --rounds 6 \\
+        --configs '[{}, {"checksums": false}]' --json ab-checksums-2e8.json
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import json
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +33,10 @@ import torch
 
 import tierstore.integrity as integrity
 from tierstore import TieredAdamW
+from tierstore.benchmarks.report import machine_info
+from tierstore.benchmarks.resources import ab_needs, check
 from tierstore.benchmarks.workload import build
+from tierstore.errors import ConfigError
 
 REAL_UPDATE = integrity.BlockDigests.update
 DEFAULT_BLOCK = integrity.CHECKSUM_BLOCK
@@ -39,6 +47,17 @@ def _apply(diag: dict) -> None:
     integrity.BlockDigests.update = REAL_UPDATE if diag["checksums"] else (lambda self, rel, view: None)
 
 
+def _row(run: dict, base: list[float]) -> dict:
+    return {
+        "config": run["config"],
+        "median_s": statistics.median(run["s"]),
+        "min_s": min(run["s"]),
+        "paired_vs_first": statistics.median(a / b for a, b in zip(run["s"], base)),
+        "split_median_s": {k: statistics.median(x[k] for x in run["split"]) for k in run["split"][0]},
+        "steps_s": run["s"],
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=float, required=True)
@@ -46,50 +65,56 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=1 / 8, help="ram_budget as a share of the state")
     parser.add_argument("--configs", required=True, help="JSON list of TieredAdamW keyword dicts")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=Path, help="write the results here (nothing is written without it)")
     args = parser.parse_args()
     numel = int(args.params)
     configs = json.loads(args.configs)
+    budget = int(numel * 8 * args.budget)
+    needs = ab_needs(params=numel, ram_budget=budget, configs=len(configs),
+                     durable_configs=sum(bool(c.get("durable", False)) for c in configs))
+    try:
+        check(needs, args.dir, fix="lower --params, or compare fewer configurations per run")
+    except ConfigError as exc:
+        raise SystemExit(f"ab_step.py: {exc}") from None
     params = build(numel)
     runs = []
-    for cfg in configs:
-        cfg = dict(cfg)
-        diag = {"block": cfg.pop("block", DEFAULT_BLOCK), "checksums": cfg.pop("checksums", True)}
-        _apply(diag)
-        copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
-        for p, q in zip(params, copies):
-            q.grad = p.grad
-        directory = tempfile.mkdtemp(dir=args.dir)
-        cfg.setdefault("durable", False)
-        opt = TieredAdamW(copies, state_dir=directory, ram_budget=int(numel * 8 * args.budget), backend="direct", **cfg)
-        opt.step()  # warm-up
-        runs.append({"config": {**cfg, **diag}, "opt": opt, "dir": directory, "diag": diag, "s": [], "split": []})
-        print(json.dumps(runs[-1]["config"]), opt.describe())
-    for _ in range(args.rounds):
+    try:
+        for cfg in configs:
+            cfg = dict(cfg)
+            diag = {"block": cfg.pop("block", DEFAULT_BLOCK), "checksums": cfg.pop("checksums", True)}
+            _apply(diag)
+            copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
+            for p, q in zip(params, copies):
+                q.grad = p.grad
+            cfg.setdefault("durable", False)
+            run = {"config": {**cfg, **diag}, "opt": None, "dir": tempfile.mkdtemp(dir=args.dir), "diag": diag,
+                   "s": [], "split": []}
+            runs.append(run)  # registered before the optimizer exists, so its directory is removed on any error
+            run["opt"] = TieredAdamW(copies, state_dir=run["dir"], ram_budget=budget, backend="direct", **cfg)
+            run["opt"].step()  # warm-up
+            print(json.dumps(run["config"]), run["opt"].describe())
+        for _ in range(args.rounds):
+            for run in runs:
+                _apply(run["diag"])
+                t0 = time.perf_counter()
+                run["opt"].step()
+                run["s"].append(time.perf_counter() - t0)
+                st = run["opt"].last_step_stats
+                run["split"].append({"read_wait": st.read_wait, "update": st.update, "write_wait": st.write_wait})
+        results = [_row(run, runs[0]["s"]) for run in runs]
+    finally:
         for run in runs:
-            _apply(run["diag"])
-            t0 = time.perf_counter()
-            run["opt"].step()
-            run["s"].append(time.perf_counter() - t0)
-            st = run["opt"].last_step_stats
-            run["split"].append({"read_wait": st.read_wait, "update": st.update, "write_wait": st.write_wait})
-    base = runs[0]["s"]
-    results = []
-    for run in runs:
-        row = {
-            "config": run["config"],
-            "median_s": statistics.median(run["s"]),
-            "min_s": min(run["s"]),
-            "paired_vs_first": statistics.median(a / b for a, b in zip(run["s"], base)),
-            "split_median_s": {k: statistics.median(x[k] for x in run["split"]) for k in run["split"][0]},
-            "steps_s": run["s"],
-        }
-        results.append(row)
-        print(f"{json.dumps(row['config'])}: median {row['median_s']:.3f} s, paired vs first {row['paired_vs_first']:.3f}, split {row['split_median_s']}")
-        run["opt"].close()
-        shutil.rmtree(run["dir"], ignore_errors=True)
+            if run["opt"] is not None:
+                run["opt"].close()
+            shutil.rmtree(run["dir"], ignore_errors=True)
+    for row in results:
+        print(f"{json.dumps(row['config'])}: median {row['median_s']:.3f} s, paired vs first "
+              f"{row['paired_vs_first']:.3f}, split {row['split_median_s']}")
     if args.json:
-        args.json.write_text(json.dumps({"command": " ".join(__import__("sys").argv), "params": numel, "results": results}, indent=1))
+        document = {"command": " ".join(sys.argv), "params": numel, "machine": machine_info(args.dir),
+                    "results": results}
+        args.json.write_text(json.dumps(document, indent=1))
+        print(f"wrote {args.json}")
     return 0
 
 

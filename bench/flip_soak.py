@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -54,28 +55,32 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    state = Path(tempfile.mkdtemp(prefix="tierstore-flips-")) / "state"
-    build(state)
-    if detected(state):
-        raise SystemExit("the fresh state directory already fails verification")
+    root = Path(tempfile.mkdtemp(prefix="tierstore-flips-"))
+    state = root / "state"
     tried: Counter = Counter()
     caught: Counter = Counter()
     missed = []
-    for _ in tqdm(range(args.flips), desc="byte flips"):
-        name = rng.choice(FILES)
-        path = state / name
-        data = bytearray(path.read_bytes())
-        offset = rng.randrange(len(data))
-        bit = 1 << rng.randrange(8)
-        data[offset] ^= bit
-        path.write_bytes(bytes(data))
-        tried[name] += 1
+    try:
+        build(state)
         if detected(state):
-            caught[name] += 1
-        else:
-            missed.append({"file": name, "offset": offset, "bit": bit})
-        data[offset] ^= bit
-        path.write_bytes(bytes(data))
+            raise SystemExit("the fresh state directory already fails verification")
+        for _ in tqdm(range(args.flips), desc="byte flips"):
+            name = rng.choice(FILES)
+            path = state / name
+            data = bytearray(path.read_bytes())
+            offset = rng.randrange(len(data))
+            bit = 1 << rng.randrange(8)
+            data[offset] ^= bit
+            path.write_bytes(bytes(data))
+            tried[name] += 1
+            if detected(state):
+                caught[name] += 1
+            else:
+                missed.append({"file": name, "offset": offset, "bit": bit})
+            data[offset] ^= bit
+            path.write_bytes(bytes(data))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     summary = {
         "flips": args.flips,
         "detected": sum(caught.values()),

@@ -1,35 +1,51 @@
 #!/usr/bin/env bash
-# The full benchmark run behind bench/results/ (issue 4's targets), in one go.
-# Run on a quiet machine: DIR must be on the drive under test. Logs go to bench/results/*.log.
+# The full benchmark run behind bench/results/, in one go: bench/run_all.sh DIR OUT
+#   DIR  a directory on the drive under test (state and test files go there, and are removed)
+#   OUT  a new or empty directory for the JSON, PNG and logs (the committed bench/results/ is never
+#        written unless you name it)
+# Needs about 8 GB of RAM and 25 GB free under DIR (the largest step, 5e8 parameters; see
+# bench/README.md for each command's needs), and an hour or two; run it on a quiet machine.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-DIR=${1:-/work/benchdir}
-OUT=bench/results
+if [ $# -ne 2 ]; then
+    echo "usage: $0 DIR OUT  (DIR: on the drive under test; OUT: a new or empty results directory)" >&2
+    exit 2
+fi
+DIR=$1
+OUT=$2
+if [ -d "$OUT" ] && [ -n "$(ls -A "$OUT")" ]; then
+    echo "$0: $OUT is not empty; give a new directory so no earlier result is overwritten" >&2
+    exit 2
+fi
 mkdir -p "$DIR" "$OUT"
+DIR=$(cd "$DIR" && pwd)
+OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."
 run() { local name=$1; shift; echo "== $name: $*" | tee "$OUT/$name.log"; "$@" 2>&1 | tee -a "$OUT/$name.log"; }
 
 # 1. Drive and memory bandwidth, raw O_DIRECT and dd baselines, every backend.
-run io python bench/io.py --dir "$DIR" --size 1GiB --rounds 2 --json $OUT/io.json --plot $OUT/io.png
+run io python bench/io.py --dir "$DIR" --size 1GiB --rounds 2 --json "$OUT/io.json" --plot "$OUT/io.png"
 # 2. All in RAM at 5e7 fp32 params vs torch.optim.AdamW(fused=True).
 run step-ram-5e7 python bench/step.py --params 5e7 --steps 60 --skip disk,peer,floor,footprint \
-    --json $OUT/step-ram-5e7.json --plot $OUT/step-ram-5e7.png
+    --json "$OUT/step-ram-5e7.json" --plot "$OUT/step-ram-5e7.png"
 # 3. On disk at 2e8 fp32 params, ram_budget 1/8 of the state: floor, peer, footprint (peak RSS, page cache).
 run step-disk-2e8 python bench/step.py --params 2e8 --ram-budget 1/8 --dir "$DIR" --backend direct --steps 7 \
-    --json $OUT/step-disk-2e8.json --plot $OUT/step-disk-2e8.png
+    --json "$OUT/step-disk-2e8.json" --plot "$OUT/step-disk-2e8.png"
 # 4. Linear cost: 1e8 and 5e8 alternated (the drive drifts).
+i=0
 for n in 1e8 5e8 1e8 5e8; do
-  run step-linear-$n-$RANDOM python bench/step.py --params $n --ram-budget 1/8 --dir "$DIR" --backend direct --steps 4 \
-      --skip ram,torch,peer,footprint --json $OUT/step-linear-$n-$(date +%s).json
+  i=$((i + 1))
+  run "step-linear-$n-$i" python bench/step.py --params $n --ram-budget 1/8 --dir "$DIR" --backend direct --steps 4 \
+      --skip ram,torch,peer,footprint --json "$OUT/step-linear-$n-$i.json"
 done
 # 5. Page cache and RSS with direct vs mmap, state 10x the budget.
 run step-pagecache-1e8 python bench/step.py --params 1e8 --ram-budget 1/10 --dir "$DIR" --backend direct,mmap --steps 4 \
-    --skip ram,torch,peer --json $OUT/step-pagecache-1e8.json
+    --skip ram,torch,peer --json "$OUT/step-pagecache-1e8.json"
 # 6. The cost of durability: durable=False vs durable=True in the same run.
 run step-durable-1e8 python bench/step.py --params 1e8 --ram-budget 1/8 --dir "$DIR" --backend direct --durable both \
-    --steps 5 --skip ram,torch,peer,footprint --json $OUT/step-durable-1e8.json
+    --steps 5 --skip ram,torch,peer,footprint --json "$OUT/step-durable-1e8.json"
 # 7. Byte flips in every state file: all must be detected.
-run flip-soak python bench/flip_soak.py --flips 1000 --json $OUT/flip_soak.json
+run flip-soak python bench/flip_soak.py --flips 1000 --json "$OUT/flip_soak.json"
 # 8. Crash soak: hundreds of SIGKILLs, resumed and compared bitwise.
-run crash-soak python bench/crash_soak.py --kills 300 --json $OUT/crash-soak-phases.json
+run crash-soak python bench/crash_soak.py --kills 300 --json "$OUT/crash-soak-phases.json"
 # 9. Simulated power cuts: 2,040 images of recorded runs, every backend, resumed and compared bitwise.
-run powercut-soak python bench/powercut_soak.py --images 2040 --seeds 4 --json $OUT/powercut-soak.json
+run powercut-soak python bench/powercut_soak.py --images 2040 --seeds 4 --json "$OUT/powercut-soak.json"

@@ -1,32 +1,23 @@
 #!/usr/bin/env python
-"""Run ``tierstore bench step`` from a checkout and keep its results.
+"""Run ``tierstore bench step`` from a checkout (the same options; see ``bench/README.md``).
 
-Same options as ``tierstore bench step`` (see ``bench/README.md``). Without
-``--json``/``--plot`` the results go to ``bench/results/step.json`` and
-``bench/results/step.png``.
+Results go where ``--json`` and ``--plot`` say, and nowhere without them:
+the committed results in ``bench/results/`` are never written by default.
 
 Example
 -------
-    python bench/step.py --params 2e8 --ram-budget 1/8 --dir /mnt/nvme
+    python bench/step.py --params 2e8 --ram-budget 1/8 --dir /mnt/nvme/scratch --json step-2e8.json
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main(argv: list[str]) -> int:
     from tierstore.cli import main as cli
 
-    args = list(argv)
-    if not any(a == "--json" or a.startswith("--json=") for a in args):
-        args += ["--json", str(RESULTS / "step.json")]
-    if not any(a == "--plot" or a.startswith("--plot=") for a in args):
-        args += ["--plot", str(RESULTS / "step.png")]
-    return cli(["bench", "step", *args])
+    return cli(["bench", "step", *argv])
 
 
 if __name__ == "__main__":

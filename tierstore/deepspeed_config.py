@@ -385,19 +385,20 @@ def optimizer_arguments(init: Any) -> set[str]:
 
 
 def deepspeed_kwargs(
-    params: list[Any], config: Mapping[str, Any] | str | Path, *, accepted: set[str], **overrides: Any
+    params: list[Any], config: Mapping[str, Any] | str | Path, *, accepted: set[str] | None = None, **overrides: Any
 ) -> tuple[dict[str, Any], DeepSpeedMapping]:
     """The ``TieredAdamW`` keyword arguments for ``params`` under a DeepSpeed config, and the mapping.
 
-    ``overrides`` (any keyword argument in ``accepted``, the optimizer's
-    arguments) win over the config.
+    ``overrides`` (keyword arguments of the optimizer) win over the config.
+    ``accepted`` (the optimizer's argument names, see :func:`optimizer_arguments`)
+    makes an unknown override an error here rather than when the optimizer is built.
 
     Raises
     ------
     ConfigError
-        For keys that cannot be honoured, or an override the optimizer does not take.
+        For keys that cannot be honoured, or an override not in ``accepted``.
     """
-    unknown = sorted(set(overrides) - accepted)
+    unknown = sorted(set(overrides) - accepted) if accepted is not None else []
     if unknown:
         raise ConfigError(f"overrides {unknown} are not TieredAdamW arguments; it takes {sorted(accepted)}")
     mapping = map_deepspeed_config(config, overrides=overrides)

@@ -7,8 +7,8 @@ speed of reads into touched ones on virtual disks, and faulting up front
 makes the resident set size honest from the start. When CUDA is available
 the region is registered with ``cudaHostRegister`` so device copies are
 asynchronous. Without CUDA nothing is pinned (torch's own ``pin_memory=True``
-raises on a CPU-only build); asking for ``pin=True`` then logs a warning and
-keeps the buffers pageable.
+raises on a CPU-only build); asking for ``pin=True`` then logs one warning
+per process and keeps the buffers pageable.
 
 Example
 -------
@@ -30,9 +30,20 @@ PAGE = 4096
 log = logging.getLogger(__name__)
 
 
+_warned_no_cuda = False
+
+
 def cuda_pinning_available() -> bool:
     """True when CUDA is usable, so registering host memory makes sense."""
     return torch.cuda.is_available()
+
+
+def _warn_no_cuda_once() -> None:
+    # One line per process, not one per buffer: an optimizer allocates dozens.
+    global _warned_no_cuda
+    if not _warned_no_cuda:
+        _warned_no_cuda = True
+        log.warning("pin_memory=True, but CUDA is not available: host buffers stay pageable")
 
 
 class HostBuffer:
@@ -55,7 +66,10 @@ class HostBuffer:
         if pin is None:
             pin = cuda_pinning_available()
         if pin and self.nbytes:
-            self.pinned = _cuda_host_register(self.address, size)
+            if cuda_pinning_available():
+                self.pinned = _cuda_host_register(self.address, size)
+            else:
+                _warn_no_cuda_once()
 
     def as_float32(self) -> torch.Tensor:
         """The buffer viewed as fp32 (``nbytes`` must be a multiple of 4)."""

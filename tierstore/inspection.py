@@ -44,7 +44,7 @@ from .checkpoint import (
     statedir_to_state_dict,
     verify_checkpoint,
 )
-from .errors import CorruptStateError, FormatVersionError
+from .errors import CheckpointExistsError, CorruptStateError, FormatVersionError
 from .layout import Layout
 from .manifest import decode_group
 from .reader import Problem, StateReader
@@ -333,12 +333,27 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def _is_zarr_checkpoint(path: str | Path) -> bool:
+    return (Path(path) / "zarr.json").is_file()
+
+
+def _error(message: str) -> int:
+    print(f"tierstore: error: {message}", file=sys.stderr)
+    return EXIT_ERROR
+
+
 def run_export(args: argparse.Namespace) -> int:
+    if _is_zarr_checkpoint(args.dir):
+        return _error(f"{args.dir} is already a zarr checkpoint; export reads a state directory")
     with StateReader(args.dir) as reader:
         total = reader.layout.state_nbytes
     checksum = None if args.checksum == "none" else args.checksum
-    with tqdm(total=total, unit="B", unit_scale=True, desc="export", disable=True if args.no_progress else None, file=sys.stderr) as bar:
-        export_statedir(args.dir, args.out, overwrite=args.overwrite, checksum=checksum, progress=bar.update)
+    try:
+        with tqdm(total=total, unit="B", unit_scale=True, desc="export", disable=True if args.no_progress else None, file=sys.stderr) as bar:
+            export_statedir(args.dir, args.out, overwrite=args.overwrite, checksum=checksum, progress=bar.update)
+    except CheckpointExistsError as exc:
+        # The library speaks of its keyword argument; here the fix is a flag.
+        return _error(str(exc).replace("overwrite=True", "--overwrite"))
     print(f"exported {args.dir} to {args.out}")
     return EXIT_OK
 
@@ -355,8 +370,11 @@ def run_to_torch(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     if out.exists() and not args.overwrite:
-        print(f"tierstore: error: {out} exists; pass --overwrite to replace it", file=sys.stderr)
-        return EXIT_ERROR
+        return _error(f"{out} exists; pass --overwrite to replace it")
+    if not args.from_zarr and _is_zarr_checkpoint(args.src):
+        return _error(f"{args.src} is a zarr checkpoint, not a state directory; pass --from-zarr to convert it")
+    if args.from_zarr and not _is_zarr_checkpoint(args.src) and (Path(args.src) / "manifest.json").is_file():
+        return _error(f"{args.src} is a state directory, not a zarr checkpoint; drop --from-zarr to convert it")
     state_dict = checkpoint_to_state_dict(args.src) if args.from_zarr else statedir_to_state_dict(args.src)
     tmp = out.with_name(f".{out.name}.partial")
     torch.save(state_dict, tmp)

@@ -39,6 +39,7 @@ Example
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import math
@@ -307,13 +308,15 @@ def load_model(spec: str) -> torch.nn.Module:
 
     A factory with a ``device`` parameter gets ``device=torch.device("meta")``;
     any factory runs under ``with torch.device("meta")``, so no weights are
-    allocated.
+    allocated. The factory returns the ``nn.Module``, or a tuple whose first
+    element is one: the ``(model, batch, loss_fn)`` factory of ``tierstore
+    diagnose`` works here too (the rest of the tuple is ignored).
 
     Raises
     ------
     ConfigError
         If the spec is malformed, the import or the call fails, or the factory
-        does not return an ``nn.Module``.
+        returns neither an ``nn.Module`` nor a tuple starting with one.
 
     Example
     -------
@@ -336,17 +339,46 @@ def load_model(spec: str) -> torch.nn.Module:
             f"--model {spec!r}: calling {attr}() on the meta device failed: {exc!r}. "
             "Make the factory work under `with torch.device('meta')`, or pass --params instead"
         ) from None
+    if isinstance(model, tuple) and model and isinstance(model[0], torch.nn.Module):
+        # The factory `tierstore diagnose` takes returns (model, batch[, loss_fn]): one factory serves both.
+        model = model[0]
     if not isinstance(model, torch.nn.Module):
-        raise ConfigError(f"--model {spec!r}: {attr}() returned a {type(model).__name__}, not a torch.nn.Module")
+        raise ConfigError(
+            f"--model {spec!r}: {attr}() returned a {type(model).__name__}, not a torch.nn.Module; return the "
+            "model, or a tuple whose first element is the model (such as diagnose's (model, batch, loss_fn))"
+        )
     return model
+
+
+def existing_ancestor(path: str | Path) -> Path:
+    """``path`` itself when it exists, else its nearest existing parent (absolute).
+
+    Example
+    -------
+    >>> existing_ancestor("/no/such/dir/anywhere")
+    PosixPath('/')
+    """
+    probe = Path(path).expanduser().absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe
 
 
 def disk_free(path: str | Path) -> int:
     """Free bytes on the filesystem that holds ``path`` (or its nearest existing parent)."""
-    probe = Path(path).expanduser().absolute()
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    return shutil.disk_usage(probe).free
+    return shutil.disk_usage(existing_ancestor(path)).free
+
+
+def _state_dir_note(state_dir: str) -> str | None:
+    """Say where the free space was read when ``--state-dir`` does not exist (yet)."""
+    target = Path(state_dir).expanduser().absolute()
+    measured = existing_ancestor(target)
+    if measured == target:
+        return None
+    return (
+        f"--state-dir {state_dir} does not exist: the free space is that of {measured}, its nearest existing "
+        "parent; if the drive is not mounted there yet, pass --disk-free instead"
+    )
 
 
 # -- the arithmetic ---------------------------------------------------
@@ -800,7 +832,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``tierstore plan``."""
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--params", help="trainable parameter count: 7e9, 7B, 70B, 125M")
-    what.add_argument("--model", metavar="MODULE:FACTORY", help="count the parameters of the nn.Module a factory returns (built on the meta device)")
+    what.add_argument("--model", metavar="MODULE:FACTORY", help="a factory returning an nn.Module, or a tuple starting with one (diagnose's (model, batch, loss_fn) works); the model is built on the meta device and its parameters counted")
     parser.add_argument("--frozen", default="0", help="frozen parameters (with --params): weights only")
     parser.add_argument("--precision", choices=sorted(PRECISIONS), help="fp32, or bf16/fp16 mixed precision with an fp32 master (default: fp32, or the model's dtype)")
     parser.add_argument("--amsgrad", action="store_true", help="AdamW with amsgrad (+4 B/param)")
@@ -808,7 +840,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", action="store_true", help="the model trains on a GPU of unknown size")
     parser.add_argument("--host-ram", metavar="SIZE", help="host RAM, e.g. 512GiB (default: this machine's)")
     parser.add_argument("--ram-budget", metavar="SIZE", help="host RAM given to tierstore (default: 90%% of host RAM, minus the model for CPU training)")
-    parser.add_argument("--state-dir", metavar="PATH", help="where the state would live; its drive's free space is checked")
+    parser.add_argument("--state-dir", metavar="PATH", help="where the state would live; its drive's free space is checked (a path that does not exist yet: its nearest existing parent, named in the notes)")
     parser.add_argument("--disk-free", metavar="SIZE", help="free space on the drive (instead of reading --state-dir)")
     parser.add_argument("--durable", action=argparse.BooleanOptionalAction, default=None, help="keep a second copy of every shard on disk (default: on with --state-dir, as TieredAdamW)")
     parser.add_argument("--commit-every", type=int, default=1, help="steps between durable commits, for drive writes (default 1: auto commits every step when the drive keeps up)")
@@ -871,6 +903,9 @@ def run(args: argparse.Namespace) -> int:
         bandwidth=bandwidth,
         drive_tbw=_rate(args.drive_tbw, "--drive-tbw"),
     )
+    note = _state_dir_note(args.state_dir) if args.state_dir and args.disk_free is None else None
+    if note:
+        plan = dataclasses.replace(plan, notes=(*plan.notes, note))
     print(json.dumps(plan.to_dict(), indent=2) if args.json else format_plan(plan))
     return 0
 

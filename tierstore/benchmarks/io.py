@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 import sys
 import time
 from collections import deque
@@ -49,7 +48,7 @@ from ..errors import ConfigError
 from ..hostmem import HostBuffer
 from ..sizes import format_size, parse_size
 from ..transfer import IOQueue
-from . import rawio
+from . import rawio, resources
 from .report import format_table, gbps, machine_info, median, new_figure, save_figure, write_json
 
 log = logging.getLogger(__name__)
@@ -233,13 +232,6 @@ class _Run:
 
     def setup(self) -> None:
         size = self.config.size
-        need = 2 * size + 64 * MiB
-        free = shutil.disk_usage(self.config.directory).free
-        if free < need:
-            raise ConfigError(
-                f"--size {format_size(size)} needs {format_size(need)} free under {self.config.directory}, "
-                f"only {format_size(free)} is; free space or pass a smaller --size"
-            )
         self.folder.mkdir()
         self.fd = rawio.open_file(self.main, direct=self.direct, create=True)
         os.posix_fallocate(self.fd, 0, size)
@@ -557,6 +549,10 @@ def run(args: argparse.Namespace) -> int:
         log.warning("O_DIRECT is not supported under %s: raw, direct and dd baselines are skipped", config.directory)
     memory: list[float] = []
     mem_bytes = 64 * MiB if config.quick else 512 * MiB
+    needs = resources.io_needs(
+        size=config.size, largest_window=max(config.requests) * max(config.workers), memory_copy_bytes=mem_bytes
+    )
+    resources.check(needs, config.directory, fix="free some, or pass a smaller --size")
     started = time.time()
     try:
         bench.setup()

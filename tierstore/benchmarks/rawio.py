@@ -5,7 +5,7 @@ The backends are judged against these, measured in the same run:
 - :func:`sequential` is a plain ``O_DIRECT`` copy, one thread, one request
   in flight, like ``dd oflag=direct bs=1M``; :func:`run_dd` runs the real
   ``dd`` when it is installed.
-- :func:`parallel` is the fastest raw direct I/O found on these machines:
+- :func:`parallel` is the fastest raw direct I/O found on the development machine (bench/README.md):
   ``O_DIRECT`` into pre-touched page-aligned buffers with several requests in
   flight, one thread per request slot issuing ``os.preadv``/``os.pwritev``
   (which release the GIL). io_uring (the ``liburing`` package from PyPI) was

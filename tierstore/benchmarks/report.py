@@ -66,6 +66,7 @@ def machine_info(directory: Path | str | None = None) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "cpus": os.cpu_count(),
+        "cpu_model": _cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "tierstore": __version__,
         # Threading settings change CPU-bound results a lot (OpenMP spin-waiting competes with I/O threads).
@@ -90,6 +91,18 @@ def machine_info(directory: Path | str | None = None) -> dict[str, Any]:
     except Exception:  # psutil missing or /proc unreadable: the numbers still stand
         pass
     return info
+
+
+def _cpu_model() -> str | None:
+    """The CPU's name as ``/proc/cpuinfo`` gives it (None elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def _clean(value: Any) -> Any:

@@ -49,7 +49,7 @@ import torch
 from ..backends import resolve_backend, supports_direct_io
 from ..errors import ConfigError
 from ..sizes import format_size, parse_size
-from . import rss, workload
+from . import resources, rss, workload
 from .floor import MODES, RawFloor
 from .peer import PipelinedSwapper
 from .report import format_table, machine_info, median, new_figure, save_figure, write_json
@@ -520,9 +520,26 @@ def plot(result: dict[str, Any], path: Path | str, *, title: str) -> Path:
     return save_figure(fig, path)
 
 
+def needs(cfg: dict[str, Any]) -> resources.Needs:
+    """The RAM and free disk this configuration needs at least (all-in-RAM contenders size themselves)."""
+    skip = set(cfg["skip"])
+    disk_runs = 0 if "disk" in skip else len(cfg["backends"]) * len(cfg["durable"])
+    durable_runs = 0 if "disk" in skip else len(cfg["backends"]) * sum(cfg["durable"])
+    return resources.step_needs(
+        params=cfg["params"],
+        fields=len(workload.state_fields(keep_master=cfg["keep_master"])),
+        ram_budget=cfg["ram_budget"],
+        disk_runs=disk_runs,
+        durable_runs=durable_runs,
+        peer="peer" not in skip,
+        floors=0 if "floor" in skip else len(cfg["floor_settings"]) * len(MODES),
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; print the table; write JSON and PNG when asked."""
     cfg = _config(args)
+    resources.check(needs(cfg), cfg["dir"], fix="lower --params, --skip some contenders, or use a larger machine")
     started = time.time()
     folder = Path(cfg["dir"]) / f".tierstore-bench-step-{os.getpid()}"
     folder.mkdir()
