@@ -42,7 +42,7 @@ LAYERS: dict[str, int] = {
     "demo": 12, "demo.model": 12, "demo.run": 12,
     "benchmarks": 12, "benchmarks.floor": 12, "benchmarks.footprint": 12, "benchmarks.io": 12,
     "benchmarks.peer": 12, "benchmarks.rawio": 12, "benchmarks.report": 12, "benchmarks.rss": 12,
-    "benchmarks.step": 12, "benchmarks.workload": 12, "benchmarks.durability": 12, "benchmarks.overlap": 12,
+    "benchmarks.step": 12, "benchmarks.workload": 12, "benchmarks.resources": 12, "benchmarks.durability": 12, "benchmarks.overlap": 12,
     # 14: test kits, over the public face
     "testing": 14, "testing.backend": 14, "testing.crash": 14, "testing.distributed": 14,
     "testing.fsimage": 14, "testing.fsrecord": 14, "testing.powercut": 14,
