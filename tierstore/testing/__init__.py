@@ -2,6 +2,9 @@
 
 - :mod:`tierstore.testing.backend`: :class:`~tierstore.testing.backend.BackendTests`,
   the conformance tests every I/O backend runs (subclass it and set ``backend``).
+- :mod:`tierstore.testing.memory`: run a real optimizer scenario in a child
+  process and measure its peak RSS growth and page cache against
+  ``ram_budget`` (:func:`~tierstore.testing.memory.run_in_child`).
 
 The kits need ``pytest`` and ``hypothesis`` (the ``test`` extra); importing
 :mod:`tierstore` itself never imports this package.
