@@ -39,14 +39,19 @@ def _run(scenario: str, frozen: str) -> MemoryReport:
     return run_in_child(scenario, json.loads(frozen))
 
 
-def measured(scenario: str, **config: object) -> MemoryReport:
-    """The report of ``scenario`` under ``config`` (runs once per distinct config in this session)."""
+def measured(scenario: str, *, state_over_budget: float = 10, **config: object) -> MemoryReport:
+    """The report of ``scenario`` under ``config`` (runs once per distinct config in this session).
+
+    Checks the premise (the state is ``state_over_budget`` times the budget)
+    with ``pytest.fail``, not ``assert``: an ``xfail(raises=AssertionError)``
+    must not pass because of a wrong premise.
+    """
     config = {"ram_budget": BUDGET, **config}
     if scenario not in ("verify", "export"):
         config.setdefault("params", FP32_PARAMS)
     report = _run(scenario, json.dumps(config, sort_keys=True))
-    if config.get("params"):
-        assert report.info["state_bytes"] >= 10 * report.ram_budget, report.summary()
+    if config.get("params") and report.info["state_bytes"] < state_over_budget * report.ram_budget:
+        pytest.fail(f"the state is not {state_over_budget}x the budget\n{report.summary()}")
     return report
 
 
@@ -143,8 +148,11 @@ def test_zarr_checkpoint_save_and_load_stay_within_budget():
     "chunks; up to min(32, cores + 4) x 16 MiB with default shards)",
 )
 def test_zarr_checkpoint_save_and_load_keep_no_chunk_buffers():
-    # 2 MiB chunks (shard_numel 512 Ki); the budget must hold four 4 MiB arena slots.
-    report = measured("checkpoint", ram_budget=20 * MiB, shard_numel=512 << 10, durable=False, steps=1)
+    # 2 MiB chunks (shard_numel 512 Ki); the budget must hold four 4 MiB arena slots. What is
+    # measured is what a phase leaves behind, so the state need not be 10x the budget.
+    report = measured(
+        "checkpoint", state_over_budget=3, ram_budget=20 * MiB, shard_numel=512 << 10, durable=False, steps=1
+    )
     before = report.phase("steps").end_growth
     for name in ("save_checkpoint", "load_checkpoint"):
         left = report.phase(name).end_growth - before
@@ -152,7 +160,7 @@ def test_zarr_checkpoint_save_and_load_keep_no_chunk_buffers():
         before = report.phase(name).end_growth
 
 
-MANY_TENSORS = dict(matrix_numel=1 << 20, durable=True, steps=1)  # 10 tensors of 4 MiB, as a transformer's
+MANY_TENSORS = dict(matrix_numel=256 << 10, durable=True, steps=1)  # 40 tensors of 1 MiB: a transformer has hundreds
 
 
 @child
@@ -161,8 +169,8 @@ MANY_TENSORS = dict(matrix_numel=1 << 20, durable=True, steps=1)  # 10 tensors o
     raises=AssertionError,
     reason="dcp.py + torch: FileSystemWriter(single_file_per_rank=True), dcp.save's default, keeps "
     "the last tensor written for every (parameter, field) until the rank's file is complete, and "
-    "TieredStateful hands it a freshly allocated block each time; its shard cache (two arena slots) "
-    "is outside the budget too",
+    "TieredStateful hands it a freshly allocated block each time: with tensors no larger than a "
+    "shard that is the whole state (+84 MiB here)",
 )
 def test_dcp_save_stays_within_budget():
     report = measured("dcp", **MANY_TENSORS, load=True)
@@ -172,6 +180,32 @@ def test_dcp_save_stays_within_budget():
 @child
 def test_dcp_save_with_one_file_per_item_stays_within_budget():
     report = measured("dcp", **MANY_TENSORS, single_file_per_rank=False)
+    assert_within_budget(report)
+
+
+@child
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="dcp.py: TieredStateful's shard cache (two arena slots, 16 MiB here) and its per-block "
+    "tensors are outside the budget, and torch.save's buffers stay in malloc arenas (+20 MiB after "
+    "the save); at small shards this hides in the overhead, at 8 MiB slots it is +43 MiB",
+)
+def test_dcp_save_with_large_shards_stays_within_budget():
+    # 8 MiB arena slots (shard_numel 1 Mi, two fields): what the budget's auto shard size gives
+    # at a 64 MiB budget. The state is 3x the budget to keep the test short; what is measured
+    # scales with the slot, not the state.
+    report = measured(
+        "dcp",
+        state_over_budget=3,
+        ram_budget=40 * MiB,
+        params=16_000_000,
+        shard_numel=1 << 20,
+        matrix_numel=1 << 20,
+        durable=False,
+        steps=1,
+        single_file_per_rank=False,
+    )
     assert_within_budget(report)
 
 
@@ -241,8 +275,11 @@ def test_the_probe_sees_a_transient_peak_that_is_gone_by_the_end():
     assert phase.end_growth < size // 2
 
 
-def test_mmap_backend_maps_one_piece_per_request_in_flight(tmp_path):
-    """8 MiB requests on 8 workers: whole-request copies mapped 52 MiB of the file at peak."""
+@pytest.mark.parametrize("request_bytes", [1 * MiB, 8 * MiB])
+def test_mmap_backend_maps_little_per_request_in_flight(tmp_path, request_bytes):
+    """8 workers per direction, as the optimizer runs them; before the fix the file pages mapped
+    at peak were 12-16 MiB with 1 MiB requests (the kernel's read-around on the first fault)
+    and 52 MiB with 8 MiB requests (whole requests copied at once)."""
     from tierstore.backends import open_backend
     from tierstore.hostmem import HostBuffer
     from tierstore.transfer import IOQueue
@@ -251,19 +288,20 @@ def test_mmap_backend_maps_one_piece_per_request_in_flight(tmp_path):
     buf = HostBuffer(8 * MiB, pin=False)
     file = open_backend("mmap", tmp_path / "s.bin", nbytes, create=True)
     file.allocate(0, nbytes)
-    probe = MemoryProbe()
-    probe.baseline()
+    probe = MemoryProbe(lambda: [tmp_path / "s.bin"])
     try:
         for kind in ("write", "read"):
-            with probe.phase(kind), IOQueue(workers=8, request_bytes=8 * MiB) as io:
+            probe.baseline()  # drops the file's cached pages: reads fault in from the drive
+            with probe.phase(kind), IOQueue(workers=8, request_bytes=request_bytes) as io:
                 transfers = [getattr(io, kind)(file, buf.view, offset) for offset in range(0, nbytes, 8 * MiB)]
                 for t in transfers:
                     t.wait()
+            file.sync()
     finally:
         file.close()
         buf.close()
     for phase in probe.phases:
-        assert phase.peak_growth <= 8 * MiB, f"{phase.name}: {phase.peak_growth / MiB:.2f} MiB"
+        assert phase.peak_growth <= 6 * MiB, f"{phase.name}: {phase.peak_growth / MiB:.2f} MiB"
 
 
 @child
