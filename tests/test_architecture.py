@@ -21,7 +21,7 @@ PACKAGE = Path(tierstore.__file__).parent
 #: Layer of every module, lowest first. A new module must be placed here (the test says so).
 LAYERS: dict[str, int] = {
     # 0: leaves
-    "_version": 0, "errors": 0, "sizes": 0, "faults": 0, "dtensor": 0,
+    "_version": 0, "errors": 0, "sizes": 0, "faults": 0, "dtensor": 0, "dynamo": 0,
     # 1: pure descriptions and arithmetic (no I/O)
     "layout": 1, "hyper": 1, "knobs": 1, "kernel": 1, "integrity": 1, "factory": 1, "distributed": 1,
     "commit_policy": 1,
@@ -45,7 +45,7 @@ LAYERS: dict[str, int] = {
     "benchmarks.step": 12, "benchmarks.workload": 12, "benchmarks.resources": 12, "benchmarks.durability": 12, "benchmarks.overlap": 12,
     # 14: test kits, over the public face
     "testing": 14, "testing.backend": 14, "testing.crash": 14, "testing.distributed": 14,
-    "testing.fsimage": 14, "testing.fsrecord": 14, "testing.powercut": 14,
+    "testing.fsimage": 14, "testing.fsrecord": 14, "testing.powercut": 14, "testing.memory": 14,
 }  # fmt: skip
 
 

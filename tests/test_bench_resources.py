@@ -114,7 +114,7 @@ def test_ab_step_refuses_a_clearly_too_small_machine(monkeypatch, capsys, tmp_pa
 def test_pinning_without_cuda_warns_once(caplog, monkeypatch) -> None:
     import tierstore.hostmem as hostmem
 
-    monkeypatch.setattr(hostmem, "_warned_no_cuda", False)
+    monkeypatch.setattr(hostmem, "PROCESS_PINS", hostmem.PinBudget(None))  # a process that has not warned yet
     with caplog.at_level(logging.WARNING, logger="tierstore.hostmem"):
         buffers = [HostBuffer(4096, pin=True) for _ in range(3)]
     for b in buffers:

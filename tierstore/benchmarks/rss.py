@@ -1,9 +1,11 @@
-"""Memory a run really uses: resident set size, its peak, and the page cache a file holds.
+"""Memory a run really uses: resident set size, its peak, its kinds, and the page cache a file holds.
 
-``bench step`` checks that host RAM stays inside ``ram_budget``: the peak RSS
-of a run, above the baseline taken once torch is imported and the model is
-built, and the page cache the state file fills (none with ``direct``). Linux
-only (``/proc``); elsewhere the functions return ``None``.
+``bench step`` and the RAM-budget tests (:mod:`tierstore.testing.memory`)
+check that host RAM stays inside ``ram_budget``: the peak RSS of a run, above
+the baseline taken once torch is imported and the model is built, where that
+RSS lives (``/proc/self/smaps_rollup`` and, per kind of mapping,
+``/proc/self/smaps``), and the page cache the state file fills (none with
+``direct``). Linux only (``/proc``); elsewhere the functions return ``None``.
 
 Example
 -------
@@ -59,6 +61,68 @@ def reset_peak() -> bool:
     except OSError:
         return False
     return True
+
+
+def smaps_rollup() -> dict[str, int] | None:
+    """This process's ``/proc/self/smaps_rollup`` sizes in bytes (``Rss``, ``Anonymous``, ``Private_Dirty``, ...).
+
+    Example
+    -------
+    >>> r = smaps_rollup()
+    >>> r is None or r["Rss"] > 0
+    True
+    """
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/self/smaps_rollup") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                parts = value.split()
+                if len(parts) == 2 and parts[1] == "kB":
+                    out[key] = int(parts[0]) * 1024
+    except OSError:
+        return None
+    return out
+
+
+def rss_by_kind() -> dict[str, int] | None:
+    """Resident bytes by kind of mapping, from ``/proc/self/smaps``.
+
+    Kinds: ``heap`` (the ``brk`` heap: glibc's main malloc arena), ``anon``
+    (anonymous mappings: tierstore's host buffers, large ``malloc`` blocks,
+    Python's object arenas, other threads' malloc arenas, thread stacks),
+    ``stack`` (the main thread's), ``file`` (mapped files: libraries' code,
+    ``mmap`` backend state files), ``other`` (``[vdso]`` and the like).
+
+    Example
+    -------
+    >>> kinds = rss_by_kind()
+    >>> kinds is None or set(kinds) == {"heap", "anon", "stack", "file", "other"}
+    True
+    """
+    kinds = dict.fromkeys(("heap", "anon", "stack", "file", "other"), 0)
+    kind = "other"
+    try:
+        with open("/proc/self/smaps") as fh:
+            for line in fh:
+                head = line.split(maxsplit=5)
+                if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+                    name = head[5].strip() if len(head) > 5 else ""
+                    if name == "[heap]":
+                        kind = "heap"
+                    elif name.startswith("[stack"):
+                        kind = "stack"
+                    elif not name or name.startswith("[anon"):
+                        kind = "anon"
+                    elif name.startswith("["):
+                        kind = "other"
+                    else:
+                        kind = "file"
+                elif head[0] == "Rss:":
+                    kinds[kind] += int(head[1]) * 1024
+    except OSError:
+        return None
+    return kinds
 
 
 def meminfo(key: str = "Cached") -> int | None:

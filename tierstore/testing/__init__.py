@@ -9,6 +9,9 @@
 - :mod:`tierstore.testing.powercut`: record a training run, resume from power-cut
   images of it, compare bitwise with ``torch.optim.AdamW(fused=True)``.
 - :mod:`tierstore.testing.distributed`: gloo ranks on the CPU, FSDP2/ZeRO jobs.
+- :mod:`tierstore.testing.memory`: run a real optimizer scenario in a child
+  process and measure its peak RSS growth and page cache against
+  ``ram_budget`` (:func:`~tierstore.testing.memory.run_in_child`).
 
 The kits need ``pytest`` and ``hypothesis`` (the ``test`` extra); importing
 :mod:`tierstore` itself never imports this package.

@@ -1,0 +1,123 @@
+"""Peak RSS growth over ram_budget in every mode, each run alone in a fresh process.
+
+Runs the scenarios of ``tierstore.testing.memory`` (the kit the RAM-budget
+tests use) at a chosen scale and prints, per mode, the budget, the peak RSS
+growth over the baseline (taken once the model and its gradients exist and
+torch's one-time optimizer import is paid), the overhead beyond the budget
+and the state files' page cache. One extra row, ``first optimizer (cold)``,
+leaves torch's ``torch._dynamo`` import inside the measurement, as a new user
+sees it.
+
+Needs RAM for the model (params x 8 bytes for fp32 parameters and gradients)
+plus the budget, and disk for two copies of the state (params x 16 bytes
+with fp32 parameters, durable) plus a checkpoint (params x 8 bytes).
+
+Usage (the issue's configuration: 1.2e8 params, 96 MiB, ~1 GiB RAM, ~3 GiB disk)::
+
+    python bench/ram_budget.py --params 1.2e8 --ram-budget 96MiB --dir /nvme/tmp \\
+        --json bench/results/ram-budget-1.2e8.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tierstore.sizes import format_size, parse_size
+from tierstore.testing.memory import OVERHEAD_BYTES, run_in_child
+
+MODES: dict[str, tuple[str, dict]] = {
+    "direct": ("steps", {"backend": "direct", "durable": False}),
+    "direct durable": ("steps", {"backend": "direct", "durable": True}),
+    "direct durable io_workers=1": ("steps", {"backend": "direct", "durable": True, "io_workers": 1}),
+    "buffered": ("steps", {"backend": "buffered", "durable": False}),
+    "buffered durable": ("steps", {"backend": "buffered", "durable": True}),
+    "mmap": ("steps", {"backend": "mmap", "durable": False}),
+    "mmap durable": ("steps", {"backend": "mmap", "durable": True}),
+    "bf16 params, fp32 masters": ("steps", {"backend": "direct", "durable": True, "dtype": "bfloat16", "params_scale": 2 / 3}),
+    "first optimizer (cold)": ("steps", {"backend": "direct", "durable": True, "warm_torch_optim": False}),
+    "zarr checkpoint save+load": ("checkpoint", {"backend": "direct", "durable": True, "steps": 1}),
+    "DCP save+load": ("dcp", {"backend": "direct", "durable": True, "steps": 1, "load": True}),
+    "DCP save, one file per item": ("dcp", {"backend": "direct", "durable": True, "steps": 1, "single_file_per_rank": False}),
+}
+OFFLINE = ("verify", "export")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="1.2e8", help="fp32 parameters (bf16 runs use 2/3 as many: same state)")
+    parser.add_argument("--ram-budget", default="96MiB")
+    parser.add_argument("--dir", default=None, help="where state and checkpoints go (default: a temporary directory)")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--only", default=None, help="comma-separated mode names (see MODES; also 'verify', 'export')")
+    parser.add_argument("--json", type=Path, default=None, help="write the reports here (never overwritten by default runs)")
+    args = parser.parse_args()
+    params = int(float(args.params))
+    budget = parse_size(args.ram_budget, name="--ram-budget")
+    root = Path(tempfile.mkdtemp(prefix="tierstore-ram-budget-", dir=args.dir))
+    wanted = None if args.only is None else {m.strip() for m in args.only.split(",")}
+    rows, reports = [], {}
+    print(f"{'mode':<30}{'budget':>12}{'peak growth':>14}{'overhead':>12}{'page cache':>14}{'seconds':>9}")
+    try:
+        for name, (scenario, extra) in MODES.items():
+            if wanted is not None and name not in wanted:
+                continue
+            config = {"params": params, "ram_budget": budget, "steps": args.steps, **extra}
+            config["params"] = int(params * config.pop("params_scale", 1))
+            config["state_dir"] = str(root / "state")
+            config["work_dir"] = str(root)
+            rows.append(_run(name, scenario, config, reports))
+            shutil.rmtree(root / "state", ignore_errors=True)
+        if wanted is None or wanted & set(OFFLINE):
+            state = str(root / "offline-state")
+            run_in_child("steps", {"params": params, "ram_budget": budget, "durable": True, "steps": 1, "state_dir": state, "work_dir": str(root)})
+            for name in OFFLINE:
+                if wanted is None or name in wanted:
+                    rows.append(_run(f"tierstore {name}", name, {"ram_budget": budget, "state_dir": state, "work_dir": str(root)}, reports))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        out = {
+            "command": " ".join(sys.argv),
+            "machine": {"platform": platform.platform(), "python": platform.python_version()},
+            "overhead_bytes": OVERHEAD_BYTES,
+            "summary": rows,
+            "reports": reports,
+        }
+        args.json.write_text(json.dumps(out, indent=1))
+        print(f"wrote {args.json}")
+    return 0 if all(r["within"] for r in rows) else 1
+
+
+def _run(name: str, scenario: str, config: dict, reports: dict) -> dict:
+    t0 = time.perf_counter()
+    report = run_in_child(scenario, config)
+    seconds = time.perf_counter() - t0
+    cache = "-" if report.cache_peak is None else format_size(report.cache_peak)
+    sign = "+" if report.overhead >= 0 else "-"
+    print(
+        f"{name:<30}{format_size(report.ram_budget):>12}{format_size(report.peak_growth):>14}"
+        f"{sign + format_size(abs(report.overhead)):>12}{cache:>14}{seconds:>9.1f}",
+        flush=True,
+    )
+    reports[name] = report.to_json()
+    return {
+        "mode": name,
+        "ram_budget": report.ram_budget,
+        "peak_growth": report.peak_growth,
+        "overhead": report.overhead,
+        "cache_peak": report.cache_peak,
+        "within": report.within(),
+        "phases": {p.name: p.peak_growth for p in report.phases},
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
