@@ -101,27 +101,12 @@ def test_bf16_params_with_fp32_masters_stay_within_budget():
 
 
 @child
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="optimizer.py: torch.optim.Optimizer.__init__ calls add_param_group, wrapped in "
-    "torch._disable_dynamo, whose first call imports torch._dynamo (+70 MiB RSS, 820 modules); "
-    "TieredAdamW should route add_param_group/zero_grad/state_dict/load_state_dict through "
-    "tierstore.dynamo.disable_dynamo",
-)
 def test_the_first_optimizer_of_a_fresh_process_stays_within_budget():
     report = measured("steps", durable=True, steps=2, warm_torch_optim=False)
     assert_within_budget(report)
 
 
 @child
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="store.py/layout.py/manifest.py: about 1.9 KiB of Python objects per shard (ShardEntry, "
-    "ShardSpec and Segment, checksum strings, the manifest's per-shard dicts kept as _last_manifest), "
-    "outside the budget: 10k shards of 1024 elements hold 20 MiB",
-)
 def test_many_small_shards_stay_within_budget():
     report = measured("steps", durable=False, steps=1, shard_numel=1024)
     assert report.info["shards"] >= 10_000
@@ -240,12 +225,6 @@ def test_offline_commands_stay_within_budget(state_dir, command):
 
 
 @child
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="reader.py: StateReader reads the state files with plain pread, through the page cache "
-    "(verify reads both copies: twice the state), whatever backend wrote them",
-)
 @pytest.mark.parametrize("command", ["verify", "export"])
 def test_offline_commands_leave_direct_state_out_of_page_cache(state_dir, command):
     assert_no_page_cache(measured(command, state_dir=state_dir))

@@ -48,7 +48,7 @@ from .hostmem import HostBuffer
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BUCKET_BYTES = 32 << 20  # 32 MiB per pinned bucket (two alternate)
+DEFAULT_BUCKET_BYTES = 4 << 20  # 4 MiB per pinned bucket (two alternate: inside the documented 16 MiB overhead)
 
 
 class _CudaBuckets:

@@ -105,7 +105,7 @@ class ParamEntry:
     start: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Segment:
     """The part ``[param_offset, param_offset + length)`` of a parameter's flat
     elements that sits at ``[shard_offset, shard_offset + length)`` of a shard."""
@@ -126,7 +126,7 @@ class Segment:
         return slice(self.shard_offset, self.shard_offset + self.length)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ShardSpec:
     """A shard: ``capacity`` elements per field starting at flat ``start``."""
 

@@ -33,6 +33,7 @@ from .access import ShardVisit
 from .budget import TierPlan, plan_tiers
 from .commit_policy import CommitPolicy
 from .dtensor import local_tensor, placed_like
+from .dynamo import disable_dynamo
 from .errors import BudgetError, ConfigError, ParamsChangedError
 from .grad_offload import DEFAULT_BUCKET_BYTES, GradientOffload
 from .hyper import GroupHyper, check_hyper, scalar_betas
@@ -58,6 +59,11 @@ from .torch_format import (
 from .update import ShardUpdate, gather, intra_op_threads, master_sync
 
 log = logging.getLogger(__name__)
+
+# torch marks these with torch._disable_dynamo, whose first call imports torch._dynamo
+# (70 MiB of RSS): call them without it while nothing compiles (tierstore.dynamo).
+_TORCH_ADD_PARAM_GROUP = disable_dynamo(torch.optim.Optimizer.add_param_group)
+_TORCH_ZERO_GRAD = disable_dynamo(torch.optim.Optimizer.zero_grad)
 
 
 class TieredAdamW(torch.optim.Optimizer):
@@ -329,7 +335,7 @@ class TieredAdamW(torch.optim.Optimizer):
     # -- torch.optim.Optimizer API ------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if getattr(self, "_building", False):
-            super().add_param_group(param_group)
+            _TORCH_ADD_PARAM_GROUP(self, param_group)
             return
         raise ParamsChangedError(
             "TieredAdamW lays its state out when it is built, so parameters cannot be added "
@@ -514,7 +520,7 @@ class TieredAdamW(torch.optim.Optimizer):
         # step still running behind the loop may be reading: synchronize first.
         if not set_to_none and self._rt is not None and not self._rt.closed:
             self._rt.synchronize()
-        super().zero_grad(set_to_none=set_to_none)
+        _TORCH_ZERO_GRAD(self, set_to_none=set_to_none)
 
     def _check_params(self) -> None:
         params = [p for g in self.param_groups for p in g["params"]]
@@ -526,7 +532,7 @@ class TieredAdamW(torch.optim.Optimizer):
             )
 
     # -- state dict ---------------------------------------------------
-    @torch._disable_dynamo
+    @disable_dynamo
     def state_dict(self) -> dict[str, Any]:
         """The state in ``torch.optim.AdamW``'s format (plus ``master_param`` with masters).
 
@@ -553,7 +559,7 @@ class TieredAdamW(torch.optim.Optimizer):
                 result = hook_result
         return result
 
-    @torch._disable_dynamo
+    @disable_dynamo
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict saved by ``TieredAdamW`` or ``torch.optim.AdamW``.
 
@@ -777,6 +783,11 @@ class TieredAdamW(torch.optim.Optimizer):
         if self.disk_bytes:
             copies = "2 copies, durable" if self._rt.journal.durable else "1 copy"
             files = f"; files {format_size(self.disk_bytes)} ({copies})"
+        pins = self._rt.store.pins.stats() if self._rt is not None else None
+        if pins is not None and pins.pinned_bytes:
+            files += f"; pinned {format_size(pins.pinned_bytes)}"
+        if pins is not None and pins.fallback is not None and pins.pageable_bytes:
+            files += f"; {format_size(pins.pageable_bytes)} pageable (pinning failed)"
         return (
             f"{self._layout.trainable_numel:,} trainable params, state {format_size(p.state_nbytes)} in "
             f"{len(self._layout.shards)} shards: {len(p.resident)} resident ({format_size(p.resident_nbytes)}), "

@@ -29,15 +29,16 @@ import torch
 
 from . import manifest as manifest_mod
 from .backends import ShardFile, open_backend
-from .errors import CorruptStateError
+from .errors import BackendError, CorruptStateError
 from .hostmem import HostBuffer
 from .integrity import checksum_mismatch, shard_checksum
 from .layout import STATE_KEY_OF_FIELD, Layout, ShardSpec
 from .statedir import INFLIGHT, MANIFEST, read_manifest_file
 from .store import STATE_FILES
 
-#: Offline reads go through the page cache: they happen once, and need no aligned offsets.
-READ_BACKEND = "buffered"
+#: Offline reads bypass the page cache where the filesystem allows it (a verify of a
+#: large state must not fill the page cache with it); ``buffered`` where it does not.
+READ_BACKENDS = ("direct", "buffered")
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,13 @@ class StateReader:
     def _file(self, copy: int) -> ShardFile:
         if copy not in self._files:
             path = self.path / STATE_FILES[copy]
-            self._files[copy] = open_backend(READ_BACKEND, path, self._offsets[-1], create=False, readonly=True)
+            for backend in READ_BACKENDS:
+                try:
+                    self._files[copy] = open_backend(backend, path, self._offsets[-1], create=False, readonly=True)
+                    break
+                except BackendError:  # O_DIRECT refused here (tmpfs on older kernels): read through the cache
+                    if backend == READ_BACKENDS[-1]:
+                        raise
         return self._files[copy]
 
     def _offset(self, index: int) -> int:

@@ -65,6 +65,7 @@ class StepStats(RunStats):
     committed_step: int | None = None  # the last durable commit when the step ended
     step_seconds: float = 0.0  # the step's own wall time
     gap_seconds: float = 0.0  # the loop's time since the previous step ended
+    pinned_bytes: int = 0  # host memory pinned for CUDA copies (within ram_budget)
 
 
 class _Owner:
@@ -176,6 +177,7 @@ class Runtime:
                 committed_step=self.committed_step,
                 step_seconds=ended - started,
                 gap_seconds=gap,
+                pinned_bytes=self.store.pinned_nbytes,
             )
 
     def require_open(self) -> None:

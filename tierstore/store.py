@@ -53,7 +53,7 @@ from .backends import ShardFile, open_backend, resolve_backend
 from .budget import TierPlan
 from .errors import ClosedError, ConfigError, CorruptStateError
 from .faults import crash_point
-from .hostmem import HostBuffer
+from .hostmem import HostBuffer, PinBudget
 from .integrity import CHECKSUM_BLOCK, BlockDigests, checksum_mismatch
 from .layout import STATE_ITEMSIZE, Layout, round_up
 from .transfer import IOQueue, Transfer
@@ -61,9 +61,10 @@ from .transfer import IOQueue, Transfer
 log = logging.getLogger(__name__)
 
 STATE_FILES = ("shards.0.bin", "shards.1.bin")
+MIN_PIN_SLACK = 3 * 4096  # each of the three buffers is rounded up to whole pages when pinned
 
 
-@dataclass
+@dataclass(slots=True)
 class ShardEntry:
     """One shard: its tier, its extent in the state files, and its committed copy."""
 
@@ -166,6 +167,8 @@ class ShardStore:
         self.io_workers = io_workers
         self.request_bytes = round_up(request_bytes, CHECKSUM_BLOCK)
         self.pin = pin
+        # Pinned memory cannot be paged out: never pin more than the plan's RAM (the budget).
+        self.pins = PinBudget(plan.ram_nbytes + MIN_PIN_SLACK)
         self.durable = durable
         resident = set(plan.resident)
         self.entries: list[ShardEntry] = []
@@ -224,9 +227,9 @@ class ShardStore:
         if self.is_open:
             return self
         try:
-            self._resident = HostBuffer(self.plan.resident_nbytes, pin=self.pin)
-            self._arena = HostBuffer(self.plan.arena_nbytes, pin=self.pin)
-            self._staging = HostBuffer(self.plan.staging_nbytes, pin=self.pin)
+            self._resident = HostBuffer(self.plan.resident_nbytes, pin=self.pin, pins=self.pins)
+            self._arena = HostBuffer(self.plan.arena_nbytes, pin=self.pin, pins=self.pins)
+            self._staging = HostBuffer(self.plan.staging_nbytes, pin=self.pin, pins=self.pins)
             if committed is not None:
                 if len(committed) != len(self.entries):
                     raise CorruptStateError(
@@ -485,9 +488,8 @@ class ShardStore:
     # -- accounting ---------------------------------------------------
     @property
     def pinned_nbytes(self) -> int:
-        """Bytes of host memory pinned for CUDA copies (0 without CUDA)."""
-        buffers = (self._resident, self._arena, self._staging)
-        return sum(b.nbytes for b in buffers if b is not None and b.pinned)
+        """Bytes of host memory pinned for CUDA copies (0 without CUDA, or where pinning failed)."""
+        return self.pins.stats().pinned_bytes
 
     @property
     def disk_nbytes(self) -> int:
