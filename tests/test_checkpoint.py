@@ -41,6 +41,7 @@ from tierstore.checkpoint import (
     save_checkpoint,
     state_dict_to_checkpoint,
     statedir_to_state_dict,
+    verify_checkpoint,
 )
 from tierstore.layout import Layout
 
@@ -455,6 +456,50 @@ def test_corrupt_chunk_is_detected(tmp_path: Path, checksum: str) -> None:
             opt.step()
 
 
+def _chunk_bytes(path: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(path)): f.read_bytes() for f in sorted(path.rglob("c/*"))}
+
+
+@pytest.mark.parametrize("checksum", ["xxh3", "crc32c", None])
+def test_chunk_files_are_what_zarr_writes_and_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checksum: str | None) -> None:
+    """tierstore writes chunk files itself (no zarr buffers): byte for byte what zarr writes, edge
+    chunk padding and crc32c included, and either reader reads either writer's checkpoint."""
+    model = Model(dtype=torch.bfloat16)  # 3 fields; 10_523 elements: the edge chunk is partly padding
+    ours = _saved(tmp_path / "ours", model, checksum=checksum)
+    with monkeypatch.context() as m:
+        m.setattr(ckmod.ChunkFiles, "of", classmethod(lambda cls, directory, array: None))
+        theirs = _saved(tmp_path / "zarr", model, checksum=checksum)  # as tierstore wrote them before
+        through_zarr = checkpoint_to_state_dict(ours)
+    assert _chunk_bytes(ours) == _chunk_bytes(theirs) and len(_chunk_bytes(ours)) == 3 * 4  # 3 fields x 4 chunks
+    direct = checkpoint_to_state_dict(theirs)
+    for sd in (through_zarr, direct):
+        for i, entry in checkpoint_to_state_dict(ours)["state"].items():
+            assert all(torch.equal(sd["state"][i][k], v) for k, v in entry.items() if k != "step")
+    g = zarr.open_group(str(ours), mode="r")
+    total = g.attrs["total_numel"]
+    assert g["exp_avg"][:].shape == (total,) and np.array_equal(g["exp_avg"][:], zarr.open_group(str(theirs), mode="r")["exp_avg"][:])
+
+
+@pytest.mark.parametrize("checksum", ["xxh3", "crc32c"])
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_damaged_chunk_is_detected_when_read_in_parts(tmp_path: Path, checksum: str, damage: str) -> None:
+    """An optimizer with other shard cuts reads chunks partly (streamed through 1 MiB of scratch):
+    the whole chunk is still verified."""
+    path = _saved(tmp_path, checksum=checksum)
+    chunk = path / "exp_avg" / "c" / "1"
+    if damage == "flip":
+        _flip_chunk(path)
+    else:
+        chunk.write_bytes(chunk.read_bytes()[:-8])
+    params, frozen = Model().params(seed=0)
+    with (
+        TieredAdamW(Model().groups(params, frozen), shard_numel=3072) as opt,
+        pytest.raises(CorruptStateError, match=r"chunk 1 .*array exp_avg.*(checksum|CRC32C|bytes)"),
+    ):
+        opt.load_checkpoint(path)
+    assert any("exp_avg" in p and "chunk 1 " in p for p in verify_checkpoint(path))
+
+
 def test_amsgrad_checkpoint_needs_amsgrad_optimizer(tmp_path: Path) -> None:
     path = _saved(tmp_path, Model(amsgrad=True))
     params, frozen = Model().params(seed=0)
@@ -508,7 +553,7 @@ def test_disk_full_is_disk_full_error(tmp_path: Path, monkeypatch: pytest.Monkey
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(zarr.Array, "__setitem__", full)
+    monkeypatch.setattr(ckmod, "_write_chunk_file", full)  # where chunk files are written (not through zarr)
     params, frozen = Model().params(seed=0)
     with TieredAdamW(Model().groups(params, frozen)) as opt, pytest.raises(DiskFullError, match="free space"):
         opt.save_checkpoint(tmp_path / "ckpt.zarr")

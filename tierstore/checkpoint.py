@@ -11,11 +11,14 @@ any parameter's state without tierstore::
     p = g.attrs["params"][3]
     exp_avg = g["exp_avg"][p["start"] : p["start"] + p["numel"]].reshape(p["shape"])
 
-Saving streams shard by shard through the optimizer's arena (one chunk of
-each field in flight), loading streams back; both go through the optimizer's
-public access protocol (:mod:`tierstore.access`: ``visit_shards``,
-``replace_shards``), and neither needs more RAM than ``ram_budget`` plus
-about one chunk per field. The full layout is in ``docs/checkpoints.md``.
+Saving streams shard by shard through the optimizer's arena, loading streams
+back; both go through the optimizer's public access protocol
+(:mod:`tierstore.access`: ``visit_shards``, ``replace_shards``). The chunk
+files are written from and read into the arena itself
+(:mod:`tierstore.chunkfile`; zarr writes and reads the metadata), so neither
+needs RAM beyond ``ram_budget`` but a 1 MiB scratch buffer, used when the
+loading optimizer cuts its shards elsewhere than the checkpoint's chunks.
+The full layout is in ``docs/checkpoints.md``.
 
 A checkpoint is written into a hidden sibling directory, synced, and renamed
 into place, so ``path`` holds a complete checkpoint or none.
@@ -58,6 +61,7 @@ from zarr.core.buffer import default_buffer_prototype
 from . import manifest as manifest_mod
 from ._version import __version__
 from .access import ShardAccess
+from .chunkfile import SCRATCH_NBYTES, ChunkFiles, sync_and_drop
 from .errors import (
     CheckpointExistsError,
     ConfigError,
@@ -66,7 +70,7 @@ from .errors import (
     FormatVersionError,
     LayoutMismatchError,
 )
-from .integrity import shard_checksum
+from .integrity import BlockDigests, shard_checksum
 from .layout import (
     DEFAULT_SHARD_NUMEL,
     FIELD_OF_STATE_KEY,
@@ -169,6 +173,10 @@ class _Writer:
                 )
                 for field in self.layout.fields
             }
+            # Chunk files are written straight from the caller's buffer (zarr would copy each one).
+            self.files = {
+                field: ChunkFiles.of(self.tmp / STATE_KEY_OF_FIELD[field], array) for field, array in self.arrays.items()
+            }
         except BaseException:
             shutil.rmtree(self.tmp, ignore_errors=True)
             raise
@@ -201,8 +209,12 @@ class _Writer:
         """
         values = data.numpy()
         array = self.arrays[field]
+        files = self.files[field]
         try:
-            array[shard.start : shard.start + shard.capacity] = values
+            if files is not None:
+                _write_chunk_file(files, shard.index, memoryview(values).cast("B"))
+            else:  # an encoding tierstore does not write itself (a future zarr default): zarr's path
+                array[shard.start : shard.start + shard.capacity] = values
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise DiskFullError(
@@ -213,7 +225,7 @@ class _Writer:
         if self.checksum == "xxh3":
             self.digests[field][shard.index] = shard_checksum(memoryview(values).cast("B"))
         chunk_file = self.tmp / STATE_KEY_OF_FIELD[field] / array.metadata.encode_chunk_key((shard.index,))
-        self._syncs.append(self._sync_pool.submit(_fsync_file, chunk_file))
+        self._syncs.append(self._sync_pool.submit(sync_and_drop, chunk_file))
         # Sync behind the writes, at most two shards behind: the drive works while the
         # next shards are written, and dirty page cache stays bounded for huge states.
         while len(self._syncs) > SYNC_WINDOW * len(self.arrays):
@@ -266,6 +278,11 @@ class _Writer:
         except BaseException:
             self.abort()
             raise
+
+
+def _write_chunk_file(files: ChunkFiles, index: int, data: memoryview) -> None:
+    """Write one chunk file (a seam: the disk-full test makes it raise ``ENOSPC``)."""
+    files.write(index, data)
 
 
 def _fsync_file(path: Path) -> None:
@@ -458,6 +475,7 @@ class _Checkpoint:
             raise CorruptStateError(f"the parameter index of checkpoint {self.path} does not match its layout")
         self.arrays: dict[str, Any] = {}
         self.chunk_checksums: dict[str, list[str] | None] = {}
+        self.files: dict[str, ChunkFiles | None] = {}
         for name in names:
             field = FIELD_OF_STATE_KEY.get(name)
             if field is None or field not in self.layout.fields:
@@ -467,7 +485,9 @@ class _Checkpoint:
             if attrs.get("checksum") == "xxh3" and (not isinstance(sums, list) or len(sums) != len(self.layout.shards)):
                 raise CorruptStateError(f"array {name} of checkpoint {self.path} lacks its chunk checksums")
             self.chunk_checksums[field] = sums if attrs.get("checksum") == "xxh3" else None
-        self._scratch: dict[str, tuple[int, np.ndarray]] = {}
+            self.files[field] = ChunkFiles.of(self.path / name, arr)
+        self._scratch: dict[str, tuple[int, np.ndarray]] = {}  # whole chunks, for encodings read through zarr
+        self._stream: np.ndarray | None = None  # 1 MiB, for chunks only partly wanted
 
     def _open_array(self, group: Any, name: str) -> Any:
         where = f"array {name} of checkpoint {self.path}"
@@ -493,29 +513,72 @@ class _Checkpoint:
     def has_master(self) -> list[bool]:
         return [bool(p.get("has_master", p["trainable"])) for p in self.params]
 
+    def _where(self, field: str, index: int) -> str:
+        lo = index * self.layout.shard_numel
+        hi = lo + self.layout.shards[index].capacity
+        return f"chunk {index} (elements {lo}..{hi}) of array {STATE_KEY_OF_FIELD[field]} in {self.path}"
+
+    def _check(self, field: str, index: int, got: str | None) -> None:
+        sums = self.chunk_checksums[field]
+        if sums is not None and got != sums[index]:
+            raise CorruptStateError(
+                f"{self._where(field, index)} fails its checksum: expected {sums[index]}, read {got}; the "
+                "checkpoint is corrupt, write it again"
+            )
+
+    def _read_file(self, field: str, index: int, out: np.ndarray, offset: int = 0) -> None:
+        """Elements ``[offset, offset + out.size)`` of chunk ``index`` into ``out``, straight from its file, verified."""
+        files = self.files[field]
+        assert files is not None
+        valid = self.layout.shards[index].capacity * 4
+        digests = BlockDigests(valid) if self.chunk_checksums[field] is not None else None
+        whole = offset == 0 and out.size * 4 == valid
+        if not whole and self._stream is None:
+            self._stream = np.empty(SCRATCH_NBYTES, dtype=np.uint8)
+        try:
+            files.read(
+                index,
+                memoryview(out).cast("B"),
+                valid_nbytes=valid,
+                offset=offset * 4,
+                digests=digests,
+                scratch=None if whole else memoryview(self._stream),
+            )
+        except (OSError, ValueError) as exc:  # missing, truncated, or a crc32c mismatch
+            raise CorruptStateError(f"{self._where(field, index)} is corrupt ({exc}); write the checkpoint again") from exc
+        self._check(field, index, None if digests is None else digests.value())
+
     def read_chunk(self, field: str, index: int, out: np.ndarray) -> None:
         """Read chunk ``index`` of ``field`` into ``out`` (its exact size) and verify it."""
+        if self.files[field] is not None:
+            self._read_file(field, index, out)
+            return
         arr = self.arrays[field]
         lo = index * self.layout.shard_numel
-        where = f"chunk {index} (elements {lo}..{lo + out.size}) of array {STATE_KEY_OF_FIELD[field]} in {self.path}"
         try:
             arr.get_basic_selection(slice(lo, lo + out.size), out=default_buffer_prototype().nd_buffer.from_numpy_array(out))
         except Exception as exc:  # a crc32c mismatch or a truncated file surfaces as ValueError
-            raise CorruptStateError(f"{where} is corrupt ({exc}); write the checkpoint again") from exc
-        sums = self.chunk_checksums[field]
-        if sums is not None:
-            got = shard_checksum(memoryview(out).cast("B"))
-            if got != sums[index]:
-                raise CorruptStateError(
-                    f"{where} fails its checksum: expected {sums[index]}, read {got}; the checkpoint is "
-                    "corrupt, write it again"
-                )
+            raise CorruptStateError(f"{self._where(field, index)} is corrupt ({exc}); write the checkpoint again") from exc
+        if self.chunk_checksums[field] is not None:
+            self._check(field, index, shard_checksum(memoryview(out).cast("B")))
+
+    def verify_chunk(self, field: str, index: int) -> None:
+        """Read chunk ``index`` of ``field`` and verify it, keeping nothing (1 MiB of scratch)."""
+        if self.files[field] is not None:
+            self._read_file(field, index, np.empty(0, dtype=np.float32))
+            return
+        cached = self._scratch.get(field)
+        buffer = cached[1] if cached is not None else np.empty(self.layout.shard_numel, dtype=np.float32)
+        self._scratch.pop(field, None)  # its bytes are about to change
+        self.read_chunk(field, index, buffer[: self.layout.shards[index].capacity])
 
     def read_range(self, field: str, lo: int, out: np.ndarray) -> None:
         """Elements ``[lo, lo + out.size)`` of ``field`` into ``out``, verified chunk by chunk.
 
         Whole chunks go straight into ``out``; a chunk only partly wanted (the
-        reader's shards are cut elsewhere) is read once into a scratch chunk.
+        reader's shards are cut elsewhere) streams through a 1 MiB scratch
+        buffer and is verified whole on the way (an encoding read through
+        zarr is read once into a scratch chunk instead).
         """
         hi = lo + out.size
         chunk, total = self.layout.shard_numel, self.layout.total_numel
@@ -524,6 +587,9 @@ class _Checkpoint:
             a, b = max(lo, c0), min(hi, c1)
             if a == c0 and b == c1:
                 self.read_chunk(field, index, out[a - lo : b - lo])
+                continue
+            if self.files[field] is not None:
+                self._read_file(field, index, out[a - lo : b - lo], offset=a - c0)
                 continue
             cached = self._scratch.get(field)
             if cached is None or cached[0] != index:
@@ -847,11 +913,10 @@ def verify_checkpoint(path: str | os.PathLike, *, progress: Callable[[int], obje
     """
     ck = _Checkpoint(path)
     problems = []
-    scratch = np.empty(ck.layout.shard_numel, dtype=np.float32)
     for field in ck.arrays:
         for shard in ck.layout.shards:
             try:
-                ck.read_chunk(field, shard.index, scratch[: shard.capacity])
+                ck.verify_chunk(field, shard.index)
             except CorruptStateError as exc:
                 problems.append(str(exc))
             if progress is not None:

@@ -386,7 +386,12 @@ def scenario_steps(config: dict[str, Any], probe: MemoryProbe, params: list) -> 
 
 
 def scenario_checkpoint(config: dict[str, Any], probe: MemoryProbe, params: list) -> dict[str, Any]:
-    """Build, step, then save a zarr checkpoint and load it back (``opt.save_checkpoint``/``load_checkpoint``)."""
+    """Build, step, then save a zarr checkpoint and load it back (``opt.save_checkpoint``/``load_checkpoint``).
+
+    ``checksum`` (default ``"xxh3"``) is the checkpoint's; with
+    ``load_shard_numel`` the optimizer is closed and another one, cut into
+    shards of that size (in a state directory of its own), loads it.
+    """
     path = str(Path(config["work_dir"]) / "ckpt.zarr")
     with probe.phase("construct"):
         opt = _optimizer(params, config)
@@ -394,7 +399,14 @@ def scenario_checkpoint(config: dict[str, Any], probe: MemoryProbe, params: list
     with probe.phase("steps"):
         _steps(opt, int(config.get("steps", 1)))
     with probe.phase("save_checkpoint"):
-        opt.save_checkpoint(path)
+        opt.save_checkpoint(path, checksum=config.get("checksum", "xxh3"))
+    if config.get("load_shard_numel"):
+        with probe.phase("close"):
+            opt.close()
+        other = {**config, "shard_numel": int(config["load_shard_numel"]), "state_dir": str(Path(config["work_dir"]) / "state-loader")}
+        with probe.phase("construct_loader"):
+            opt = _optimizer(params, other)
+        info["loader"] = opt.describe()
     with probe.phase("load_checkpoint"):
         opt.load_checkpoint(path)
     opt.close()
@@ -469,7 +481,7 @@ def measure(scenario: str, config: dict[str, Any]) -> MemoryReport:
     ``config`` keys: ``ram_budget`` (bytes), ``params`` (elements; 0 for
     ``verify``/``export``), ``dtype`` (``"float32"``, ``"bfloat16"``),
     ``state_dir``, ``work_dir``, ``backend``, ``durable``, ``io_workers``,
-    ``request_bytes``, ``prefetch_depth``, ``shard_numel``, ``matrix_numel``, ``steps``, ``pin_memory``, ``warm_torch_optim``
+    ``request_bytes``, ``prefetch_depth``, ``shard_numel``, ``matrix_numel``, ``steps``, ``pin_memory``, ``warm_torch_optim``, ``checksum`` and ``load_shard_numel`` (``checkpoint``)
     (default true: pay torch's one-time ``torch._dynamo`` import before the
     baseline), ``load`` (``dcp``: load too).
     """
