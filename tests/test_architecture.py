@@ -27,7 +27,7 @@ LAYERS: dict[str, int] = {
     "commit_policy": 1,
     "spec": 2, "budget": 2, "manifest": 2, "torch_format": 2, "deepspeed_config": 3,
     # 4: memory and files
-    "hostmem": 4, "chunkfile": 4, "backends": 4, "backends.base": 4, "backends.direct": 4, "backends.mmap_file": 4,
+    "hostmem": 4, "chunkfile": 4, "dcp_memory": 4, "backends": 4, "backends.base": 4, "backends.direct": 4, "backends.mmap_file": 4,
     "transfer": 5,
     # 6: the shard store and what moves shards
     "store": 6, "pipeline": 7, "statedir": 6, "journal": 7, "reader": 7,

@@ -12,9 +12,12 @@ count is part of the reference).
 from __future__ import annotations
 
 import json
+import math
 import random
+import threading
 import warnings
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -23,8 +26,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
+import tierstore.dcp as dcp_module
 from tierstore import ConfigError, TieredAdamW, faults
-from tierstore.dcp import TieredSavePlanner, TieredStateful
+from tierstore.dcp import TieredSavePlanner, TieredStateful, _boxes
+from tierstore.dcp_memory import BLOCK_NBYTES, TORCH_COPY_AHEAD, BlockRing, copy_ahead_of_caller
 from tierstore.testing.crash import CrashJob, step_windows
 from tierstore.testing.distributed import (
     DistJob,
@@ -297,13 +302,16 @@ def _budget(shard_numel: int, fields: int) -> int:
     keep_master=st.booleans(),
     amsgrad=st.booleans(),
     use_planner=st.booleans(),
+    block_numel=st.sampled_from([None, 300]),  # None: 2 MiB blocks; 300 elements cut rows and shards into boxes
 )
-def test_dcp_save_matches_state_dict_and_loads_back(tmp_path_factory, shapes, shard_numel, on_disk, keep_master, amsgrad, use_planner):
+def test_dcp_save_matches_state_dict_and_loads_back(
+    tmp_path_factory, shapes, shard_numel, on_disk, keep_master, amsgrad, use_planner, block_numel
+):
     path = str(tmp_path_factory.mktemp("ckpt"))
     fields = 2 + keep_master + amsgrad
     budget = _budget(shard_numel, fields) if on_disk else None
     params, opt = _trained(shapes, shard_numel=shard_numel, ram_budget=budget, keep_master=keep_master, amsgrad=amsgrad)
-    with opt:
+    with opt, mock.patch.object(dcp_module, "BLOCK_NBYTES", 4 * block_numel if block_numel else BLOCK_NBYTES):
         planner = TieredSavePlanner() if use_planner else None
         dcp.save({"optim": TieredStateful(opt)}, checkpoint_id=path, planner=planner, no_dist=True)
         want = opt.state_dict()
@@ -336,19 +344,97 @@ def test_dcp_save_matches_state_dict_and_loads_back(tmp_path_factory, shapes, sh
         assert [p.name for p in Path(fresh.state_dir).iterdir() if "staging" in p.name] == []
 
 
+@settings(max_examples=200)
+@given(
+    shape=st.lists(st.integers(1, 6), min_size=0, max_size=4).map(tuple),
+    cut=st.tuples(st.floats(0, 1), st.floats(0, 1)),
+    cap=st.integers(1, 40),
+)
+def test_boxes_are_contiguous_and_cover_the_range(shape, cut, cap):
+    numel = math.prod(shape)
+    lo, hi = sorted(int(c * numel) for c in cut)
+    if not shape:
+        lo, hi = 0, 1
+    flat = torch.arange(numel).reshape(shape)
+    pos = lo
+    for offsets, sizes, a, b in _boxes(shape, lo, hi, cap):
+        box = flat[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))] if shape else flat
+        assert a == pos and b - a == box.numel() <= max(cap, 1) and box.numel() > 0
+        assert box.reshape(-1).tolist() == list(range(a, b))  # contiguous, in order
+        pos = b
+    assert pos == hi or lo == hi
+
+
+def test_block_ring_reuses_a_buffer_once_the_thread_asks_again():
+    ring = BlockRing(1 << 20)
+    a = ring.take(100)
+    assert ring.take(200).data_ptr() == a.data_ptr() and ring.buffer_nbytes == 1 << 20
+    others = []
+    thread = threading.Thread(target=lambda: others.append(ring.take(10)))
+    thread.start()
+    thread.join()
+    assert others[0].data_ptr() != a.data_ptr() and ring.buffer_nbytes == 2 << 20  # one buffer per thread
+    # A writer that resolves ahead: blocks within ``keep`` bytes stay untouched.
+    ahead = [ring.take(1 << 18, keep=3 << 20) for _ in range(4)]  # 1 MiB each, 3 MiB kept behind
+    assert len({t.data_ptr() for t in ahead}) == 4
+    assert ring.take(1 << 18, keep=3 << 20).data_ptr() == ahead[0].data_ptr()
+    with pytest.raises(ValueError, match="does not fit"):
+        ring.take((1 << 18) + 1)
+
+
+def test_staging_tensor_writes_what_dcp_copies_into_the_file(tmp_path):
+    """DCP narrows a staging tensor to the piece it read and copies into it: a box along any dimension."""
+    from torch.distributed._shard._utils import narrow_tensor_by_index
+
+    from tierstore.dcp import _Staged
+    from tierstore.dcp_memory import StagingFile
+
+    file = StagingFile(3 + 24, str(tmp_path))
+    want = torch.zeros(4, 6)
+    target = _Staged(file, 3, (4, 6), (0, 0), (4, 6))
+    for offsets, sizes in [((1, 2), (2, 3)), ((3, 0), (1, 6)), ((0, 5), (4, 1))]:
+        piece = torch.randn(sizes)
+        narrow_tensor_by_index(target.detach(), offsets, sizes).copy_(piece)
+        want[offsets[0] : offsets[0] + sizes[0], offsets[1] : offsets[1] + sizes[1]] = piece
+    got = torch.empty(24)
+    _Staged(file, 3, (24,), (0,), (24,)).read_into(got)
+    assert torch.equal(got.view(4, 6), want)
+    with pytest.raises(RuntimeError, match="staging tensor"):
+        target + 1
+    assert list(tmp_path.iterdir()) == []  # unlinked at once
+    file.close()
+
+
+class _OverlappingCpuLoader:  # named as torch's: copy_ahead_of_caller finds it among the callers
+    inflight_threshhold = 5_000
+
+    def resolve(self) -> int:
+        return copy_ahead_of_caller(False)
+
+
+def test_copy_ahead_of_the_calling_writer_is_found():
+    assert _OverlappingCpuLoader().resolve() == 10_000  # resolved ahead, and as much again while draining
+    assert copy_ahead_of_caller(False) == 0  # no writer among the callers: serial
+    assert copy_ahead_of_caller(True) == 2 * TORCH_COPY_AHEAD  # on a GPU host: torch's default, to be safe
+
+
 def test_save_planner_reads_every_shard_once_and_threaded_writers_work(tmp_path):
     params, opt = _trained([(64, 512), (3000,)], shard_numel=1024, ram_budget="64KiB")
     with opt:
-        shards = len(opt.layout.shards)
-        reads = {}
+        on_disk, slots = len(opt.plan.disk_shards), opt.plan.arena_slots
+        reads, buffers = {}, {}
         for name, planner, threads in [("default", None, 1), ("tiered", TieredSavePlanner(), 1), ("threads", None, 2)]:
-            stateful = TieredStateful(opt, cache_bytes=2 * opt.layout.slot_nbytes)
+            stateful = TieredStateful(opt)
             writer = dcp.FileSystemWriter(str(tmp_path / name), thread_count=threads)
             dcp.save({"optim": stateful}, storage_writer=writer, planner=planner, no_dist=True)
-            reads[name] = stateful.stats.shard_reads
+            reads[name], buffers[name] = stateful.stats.shard_reads, stateful.stats.buffer_bytes
         want = opt.state_dict()["state"]
-    assert reads["tiered"] == shards  # blocks in shard order: one read each
-    assert reads["default"] == 2 * shards  # field after field: every shard once per field
+    assert on_disk > 20
+    # Shards still in arena slots from the step or the previous save are not read again.
+    assert on_disk - slots <= reads["tiered"] <= on_disk  # blocks in shard order: one read each at most
+    assert 2 * (on_disk - slots) <= reads["default"] <= 2 * on_disk  # field after field: once per field
+    # One block buffer per writer thread (it writes a block before it asks for the next).
+    assert buffers == {"default": BLOCK_NBYTES, "tiered": BLOCK_NBYTES, "threads": 2 * BLOCK_NBYTES}
     with TieredAdamW([torch.nn.Parameter(torch.zeros_like(p)) for p in params], lr=1.0) as fresh:
         dcp.load({"optim": TieredStateful(fresh)}, checkpoint_id=str(tmp_path / "threads"), no_dist=True)
         got = fresh.state_dict()["state"]

@@ -10,9 +10,9 @@ The promise checked: the peak RSS growth over the baseline is at most
 least 10x the budget (8 MiB budget, 80 MiB of state), so a buffer the size of
 the state, or of a fraction of it, cannot hide in the overhead.
 
-Tests marked ``xfail(strict=True)`` fail today because of code outside the
-memory kit's reach; the reason names it, and the test flips to a failure
-("XPASS strict") when the fix lands, so remove the mark then.
+A mode that cannot keep the promise yet is marked ``xfail(strict=True)``
+with the measured figures and the code to blame (none is today), so the
+test flips to a failure ("XPASS strict") when the fix lands.
 """
 
 from __future__ import annotations
@@ -154,15 +154,10 @@ MANY_TENSORS = dict(matrix_numel=256 << 10, durable=True, steps=1)  # 40 tensors
 
 
 @child
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="dcp.py + torch: FileSystemWriter(single_file_per_rank=True), dcp.save's default, keeps "
-    "the last tensor written for every (parameter, field) until the rank's file is complete, and "
-    "TieredStateful hands it a freshly allocated block each time: with tensors no larger than a "
-    "shard that is the whole state (+84 MiB here)",
-)
 def test_dcp_save_stays_within_budget():
+    """DCP's default writer (one file per rank) keeps the last tensor written under every key until
+    the file is complete; the blocks it gets are views of one reused 2 MiB buffer per writer thread,
+    so what it keeps is no copy of the state (+84 MiB here when every block was a new tensor)."""
     report = measured("dcp", **MANY_TENSORS, load=True)
     assert report.phase("dcp_save").peak_growth <= report.ram_budget + OVERHEAD_BYTES, report.summary()
 
@@ -174,17 +169,12 @@ def test_dcp_save_with_one_file_per_item_stays_within_budget():
 
 
 @child
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="dcp.py: TieredStateful's shard cache (two arena slots, 16 MiB here) and its per-block "
-    "tensors are outside the budget, and torch.save's buffers stay in malloc arenas (+20 MiB after "
-    "the save); at small shards this hides in the overhead, at 8 MiB slots it is +43 MiB",
-)
-def test_dcp_save_with_large_shards_stays_within_budget():
-    # 8 MiB arena slots (shard_numel 1 Mi, two fields): what the budget's auto shard size gives
-    # at a 64 MiB budget. The state is 3x the budget to keep the test short; what is measured
-    # scales with the slot, not the state.
+@pytest.mark.parametrize("single_file_per_rank", [True, False])
+def test_dcp_save_and_load_with_large_shards_stay_within_budget(single_file_per_rank):
+    """8 MiB arena slots (shard_numel 1 Mi, two fields): what the budget's auto shard size gives
+    at a 64 MiB budget. Blocks are at most 2 MiB whatever the shard, and shards are read through
+    the arena (a two-slot shard cache outside the budget and a tensor per block were +43 MiB).
+    The state is 3x the budget to keep the test short; what is measured does not scale with it."""
     report = measured(
         "dcp",
         state_over_budget=3,
@@ -194,19 +184,16 @@ def test_dcp_save_with_large_shards_stays_within_budget():
         matrix_numel=1 << 20,
         durable=False,
         steps=1,
-        single_file_per_rank=False,
+        single_file_per_rank=single_file_per_rank,
+        load=True,
     )
     assert_within_budget(report)
 
 
 @child
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="dcp.py: TieredStateful loads into a staging map of the whole state (_Session._map_staging), "
-    "whose pages count in RSS: growth = the state size",
-)
 def test_dcp_load_stays_within_budget():
+    """DCP's reader fills a staging map of the rank's state (a file), whose pages leave RSS once
+    filled and once streamed into the shards (growth was the state size, 80 MiB here)."""
     report = measured("dcp", **MANY_TENSORS, load=True)
     assert report.phase("dcp_load").peak_growth <= report.ram_budget + OVERHEAD_BYTES, report.summary()
 

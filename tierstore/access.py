@@ -10,7 +10,9 @@ form). ``TieredAdamW`` implements it.
   shard with the shard's current fp32 values (all its fields back to back,
   see :meth:`~tierstore.layout.Layout.field_view`), read-only. Disk shards
   stream through the optimizer's arena, so a visit needs no RAM beyond the
-  optimizer's budget; ``flat`` is valid only during the call.
+  optimizer's budget; ``flat`` is valid only during the call. It returns
+  how many shards it read from the drive: the shards visited last stay in
+  their arena slots, and visiting one of them again reads nothing.
 - :meth:`ShardAccess.replace_shards` calls ``fill(shard, flat)`` once per
   shard; ``fill`` must set every element (``flat`` arrives with stale
   bytes). Then step counts, param-group hyperparameters and ``step_count``
@@ -27,7 +29,7 @@ Example
 >>> with TieredAdamW([w], lr=0.1) as opt:
 ...     _ = opt.step()
 ...     sums = []
-...     opt.visit_shards(lambda shard, flat: sums.append(float(opt.layout.field_view(flat, shard, "exp_avg").sum())))
+...     _ = opt.visit_shards(lambda shard, flat: sums.append(float(opt.layout.field_view(flat, shard, "exp_avg").sum())))
 >>> isinstance(opt, ShardAccess), [round(s, 3) for s in sums]
 (True, [0.4])
 """
@@ -70,8 +72,8 @@ class ShardAccess(Protocol):
     def check_usable(self) -> None:
         """Raise ``ClosedError``/``StepFailedError`` if the state cannot be read or replaced."""
 
-    def visit_shards(self, visit: ShardVisit, shards: Iterable[int] | None = None) -> None:
-        """Call ``visit(shard, flat)`` with every shard's current values (or those listed), read-only."""
+    def visit_shards(self, visit: ShardVisit, shards: Iterable[int] | None = None) -> int:
+        """Call ``visit(shard, flat)`` with every shard's current values (or those listed), read-only; return the shards read."""
 
     def replace_shards(
         self,

@@ -27,6 +27,14 @@ from .sizes import format_size
 
 MIN_ARENA_SLOTS = 2  # one slot computing while the next one is read
 
+#: The fixed host RAM tierstore holds beyond ``ram_budget``, whatever the model size:
+#: interpreter objects and library pages of its modules, thread stacks of the I/O
+#: workers, per-shard records, small temporaries, the two gradient buckets of
+#: ``attach`` on a GPU (2 x 4 MiB), a checkpoint's 1 MiB scratch, a DCP save's block
+#: buffer (2 MiB per writer thread) or a DCP load's chunk in flight. Measured as peak
+#: RSS growth by ``tests/test_ram_budget.py``; the planner adds it to every total.
+OVERHEAD_BYTES = 16 << 20  # 16 MiB
+
 
 @dataclass(frozen=True)
 class TierPlan:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import mmap
 import os
 import shutil
 import tempfile
@@ -487,7 +488,7 @@ class _Checkpoint:
             self.chunk_checksums[field] = sums if attrs.get("checksum") == "xxh3" else None
             self.files[field] = ChunkFiles.of(self.path / name, arr)
         self._scratch: dict[str, tuple[int, np.ndarray]] = {}  # whole chunks, for encodings read through zarr
-        self._stream: np.ndarray | None = None  # 1 MiB, for chunks only partly wanted
+        self._stream: mmap.mmap | None = None  # 1 MiB, for chunks only partly wanted (unmapped with the checkpoint)
 
     def _open_array(self, group: Any, name: str) -> Any:
         where = f"array {name} of checkpoint {self.path}"
@@ -534,7 +535,7 @@ class _Checkpoint:
         digests = BlockDigests(valid) if self.chunk_checksums[field] is not None else None
         whole = offset == 0 and out.size * 4 == valid
         if not whole and self._stream is None:
-            self._stream = np.empty(SCRATCH_NBYTES, dtype=np.uint8)
+            self._stream = mmap.mmap(-1, SCRATCH_NBYTES)  # not malloc: glibc would keep it after use
         try:
             files.read(
                 index,

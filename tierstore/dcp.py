@@ -19,22 +19,29 @@ Nothing is materialised up front. The values are placeholders (tensor
 subclasses without storage) implementing DCP's ``_Checkpointable`` hooks,
 so the *default* planners work:
 
-- save: each rank's part is cut into row blocks that follow the optimizer's
-  shards; DCP asks for one block at a time (``__get_tensor_shard__``) and a
-  block is copied out of the shards read through the optimizer's arena
-  (the last few shards are kept in a small cache). :class:`TieredSavePlanner`
-  orders the blocks so that every shard is read once.
+- save: each rank's part is cut into blocks: boxes of at most 2 MiB that
+  are contiguous in memory and lie in one optimizer shard. DCP asks for one
+  block at a time (``__get_tensor_shard__``); the block's shard is visited
+  through the optimizer's arena (``visit_shards``: the shard stays in its
+  arena slot for the blocks after it) and copied into a reused buffer
+  (:class:`~tierstore.dcp_memory.BlockRing`) that DCP's writer writes out
+  before it asks for the next block. :class:`TieredSavePlanner` orders the
+  blocks so that every shard is read once.
 - load: DCP copies each piece it reads into a staging file (a shared,
-  unlinked memory map beside the state directory, the size of this rank's
+  unlinked memory map in the state directory, the size of this rank's
   state); ``load_state_dict`` then streams it into the shards and commits.
+  Pages leave the process once filled and once streamed
+  (:class:`~tierstore.dcp_memory.Staging`).
 
-Peak RAM beyond ``ram_budget``: saving, the shard cache (``cache_bytes``,
-default two arena slots) plus one block; with
-``FileSystemWriter(single_file_per_rank=True)`` (the default writer) torch
-also keeps the last block of every (parameter, field) referenced until the
-rank's file is complete, so pass ``single_file_per_rank=False`` to stay
-bounded. Loading, one saved chunk (what ``FileSystemReader`` unpickles) plus
-page cache of the staging file, which the kernel can write back and drop.
+RAM beyond ``ram_budget`` (inside tierstore's fixed 16 MiB overhead):
+saving, one 2 MiB block buffer per writer thread; loading, the chunk DCP's
+reader unpickles (it keeps the previous one until the next is read: two
+blocks) and the staged piece being filled. Torch's plan and metadata add
+about 2 KB per block (0.1% of the state) during either. A writer that copies
+ahead (``FileSystemWriter`` on a GPU host with ``thread_count=1``) keeps up to
+twice ``per_thread_copy_ahead`` bytes of blocks (one warning; pass
+``per_thread_copy_ahead=0``). Loading needs room on the state directory's
+drive for one more copy of the rank's state, and its page cache.
 Details in ``docs/distributed.md``.
 
 Example
@@ -57,13 +64,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import logging
 import math
-import os
-import tempfile
 import threading
-from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +82,9 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 
+from . import dcp_memory
 from .access import ShardAccess
+from .dcp_memory import BLOCK_NBYTES, BlockRing, StagingFile
 from .dtensor import local_tensor
 from .errors import ConfigError
 from .layout import STATE_KEY_OF_FIELD, Layout, ShardSpec
@@ -93,7 +101,20 @@ _WRAPPER_NAMES = {"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_modu
 class Stats:
     """What the last save through a :class:`TieredStateful` cost."""
 
-    shard_reads: int = 0  # shards read out of the optimizer (the cache saves re-reads)
+    shard_reads: int = 0  # shards read from the drive (a shard stays in its arena slot for the next block)
+    buffer_bytes: int = 0  # host memory of the block buffers DCP's writer read from
+
+
+@dataclass(frozen=True)
+class _Block:
+    """A box of a parameter's local part that is contiguous in memory and lies in one shard."""
+
+    offsets: tuple[int, ...]  # local offsets of the box
+    sizes: tuple[int, ...]
+    lo: int  # local flat elements [lo, hi)
+    hi: int
+    shard: int
+    shard_offset: int  # where element ``lo`` sits in each field of the shard
 
 
 @dataclass(frozen=True)
@@ -107,32 +128,50 @@ class _Part:
     offset: tuple[int, ...]  # global offset of the local part
     start: int  # layout flat start
     numel: int
-    row_numel: int
-    blocks: tuple[tuple[int, int], ...]  # local row ranges, one per shard a row starts in
+    blocks: tuple[_Block, ...]
 
-    def block_box(self, block: tuple[int, int]) -> tuple[torch.Size, torch.Size]:
-        if not self.shape:
-            return torch.Size([]), torch.Size([])
-        a, b = block
-        offsets = torch.Size([self.offset[0] + a, *self.offset[1:]])
-        return offsets, torch.Size([b - a, *self.shape[1:]])
+    def box(self, block: _Block) -> tuple[torch.Size, torch.Size]:
+        """The block's global ``(offsets, sizes)`` (what DCP records as its chunk)."""
+        return torch.Size([o + g for o, g in zip(block.offsets, self.offset)]), torch.Size(block.sizes)
 
 
-def _row_blocks(layout: Layout, index: int, shape: tuple[int, ...]) -> tuple[int, tuple[tuple[int, int], ...]]:
-    """Cut a parameter into row ranges: rows whose first element lies in the same shard."""
-    numel = math.prod(shape)
+def _boxes(shape: tuple[int, ...], lo: int, hi: int, cap: int) -> list[tuple[tuple[int, ...], tuple[int, ...], int, int]]:
+    """Boxes of at most ``cap`` elements, each contiguous, covering flat ``[lo, hi)`` of a C-contiguous ``shape``.
+
+    A box fixes the indices of the dimensions before some ``d``, takes a range
+    of ``d`` and all of the later ones: one run of memory. Greedy, widest first.
+
+    Example
+    -------
+    >>> [(o, s) for o, s, _, _ in _boxes((3, 4), 2, 11, cap=8)]
+    [((0, 2), (1, 2)), ((1, 0), (1, 4)), ((2, 0), (1, 3))]
+    """
     if not shape:
-        return 1, ((0, 1),)
-    if numel == 0:  # an empty local shard (FSDP2 gives some ranks none of a small parameter)
-        return 0, ()
-    row_numel = numel // shape[0]
+        return [((), (), 0, 1)] if lo < hi else []
+    strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+    out = []
+    pos = lo
+    while pos < hi:
+        room = min(hi - pos, cap)
+        d = next(d for d, stride in enumerate(strides) if pos % stride == 0 and stride <= room)
+        index = [(pos // stride) % size for stride, size in zip(strides, shape)]
+        k = min(shape[d] - index[d], room // strides[d])
+        sizes = (1,) * d + (k,) + tuple(shape[d + 1 :])
+        out.append((tuple(index), sizes, pos, pos + k * strides[d]))
+        pos += k * strides[d]
+    return out
+
+
+def _blocks(layout: Layout, index: int, shape: tuple[int, ...], cap: int) -> tuple[_Block, ...]:
+    """Cut a parameter's local part into blocks: at most ``cap`` elements, within one shard."""
+    if math.prod(shape) == 0:  # an empty local shard (FSDP2 gives some ranks none of a small parameter)
+        return ()
     blocks = []
-    for _, seg in layout.segments_of(index):
+    for shard, seg in layout.segments_of(index):
         span = seg.param_slice
-        a, b = -(-span.start // row_numel), -(-span.stop // row_numel)
-        if a < b:
-            blocks.append((a, b))
-    return row_numel, tuple(blocks)
+        for offsets, sizes, lo, hi in _boxes(shape, span.start, span.stop, cap):
+            blocks.append(_Block(offsets, sizes, lo, hi, shard, seg.shard_offset + lo - span.start))
+    return tuple(blocks)
 
 
 def _clean_fqn(name: str, ddp: bool) -> str:
@@ -250,8 +289,8 @@ class _StateTensor(_Placeholder):
         part = self._part
         if self._field == "step":
             return part.start, -1
-        a, _ = self._session._block_of[(part.index, torch.Size(index.offset or ()))]
-        return part.start + a * part.row_numel, self._session.layout.field_index(self._field)
+        block = self._session._block_of[(part.index, torch.Size(index.offset or ()))]
+        return part.start + block.lo, self._session.layout.field_index(self._field)
 
     # -- DCP's _Checkpointable hooks ------------------------------------------------
     def __create_write_items__(self, fqn: str, obj: object) -> list[WriteItem]:
@@ -260,7 +299,7 @@ class _StateTensor(_Placeholder):
         if session.step_of(self._part) is None:
             return []  # no step taken yet: torch's AdamW has no state for it either
         boxes = [(torch.Size([]), torch.Size([]))] if self._field == "step" else [
-            self._part.block_box(block) for block in self._part.blocks
+            self._part.box(block) for block in self._part.blocks
         ]
         return [self._item(fqn, offsets, sizes) for offsets, sizes in boxes]
 
@@ -282,19 +321,101 @@ class _StateTensor(_Placeholder):
         return session.staged(part, self._field)
 
 
+class _Staged(torch.Tensor):
+    """A box of one parameter's part inside the DCP staging file: what DCP's reader copies into.
+
+    DCP narrows it to the piece it read (``aten.slice``) and ``copy_``-s the
+    piece in, which writes it into the file; :meth:`_Session.copy` reads a
+    flat box of it back into a shard. Nothing else is supported, and no
+    memory holds its values.
+    """
+
+    @staticmethod
+    def __new__(cls, file: StagingFile, base: int, full: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...]) -> _Staged:
+        return torch.Tensor._make_wrapper_subclass(cls, sizes, dtype=torch.float32, device="cpu")
+
+    def __init__(self, file: StagingFile, base: int, full: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...]) -> None:
+        self._file, self._first, self._full, self._offsets, self._sizes = file, base, full, offsets, sizes
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # noqa: ARG002
+        return f"TieredStaging(offsets={self._offsets}, sizes={self._sizes} of {self._full})"
+
+    def _narrow(self, dim: int, start: int, length: int) -> _Staged:
+        offsets, sizes = list(self._offsets), list(self._sizes)
+        offsets[dim] += start
+        sizes[dim] = length
+        return _Staged(self._file, self._first, self._full, tuple(offsets), tuple(sizes))
+
+    def runs(self) -> list[tuple[int, int]]:
+        """``(first element in the file, elements)`` of each contiguous run of the box, in order."""
+        full, off, size = self._full, self._offsets, self._sizes
+        if not full:
+            return [(self._first, 1)]
+        strides = [math.prod(full[d + 1 :]) for d in range(len(full))]
+        k = len(full) - 1
+        while k > 0 and size[k] == full[k]:  # trailing whole dimensions join the run
+            k -= 1
+        length = size[k] * strides[k]
+        out = []
+        for index in itertools.product(*(range(o, o + n) for o, n in zip(off[:k], size[:k]))):
+            start = sum(i * st for i, st in zip(index, strides)) + off[k] * strides[k]
+            out.append((self._first + start, length))
+        return out
+
+    def read_into(self, out: torch.Tensor) -> None:
+        """Read the box (one contiguous run, as a flat view is) from the file into ``out``."""
+        runs = self.runs()
+        if len(runs) != 1 or not out.is_contiguous() or out.numel() != runs[0][1]:
+            raise ValueError(f"{self!r} is not one contiguous run of {out.numel()} elements")
+        self._file.read_into(runs[0][0], out)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        kwargs = kwargs or {}
+        aten = torch.ops.aten
+        if func in (aten.detach.default, aten.alias.default):
+            return args[0]
+        if func is aten.slice.Tensor:
+            t = args[0]
+            dim, start, end, step = (
+                args[i] if i < len(args) else kwargs.get(name, default)
+                for i, (name, default) in enumerate((("dim", 0), ("start", None), ("end", None), ("step", 1)), start=1)
+            )
+            n = t.shape[dim]
+            start = 0 if start is None else min(max(start + n if start < 0 else start, 0), n)
+            end = n if end is None else min(max(end + n if end < 0 else end, start), n)
+            if step != 1:
+                raise RuntimeError("a TieredStateful staging tensor is sliced with step 1 only")
+            return t._narrow(dim, start, end - start)
+        if func is aten.narrow.default:
+            t, dim, start, length = args
+            return t._narrow(dim, start, length)
+        if func is aten.copy_.default:
+            target, src = args[0], args[1]
+            flat = src.detach().to(torch.float32).contiguous().view(-1)
+            done = 0
+            for at, n in target.runs():
+                target._file.write(at, flat[done : done + n])
+                done += n
+            return target
+        raise RuntimeError(
+            f"{func} on a TieredStateful staging tensor: it stands for a part of the DCP staging file "
+            "and only receives what dcp.load reads"
+        )
+
+
 class _Session:
     """What one ``TieredStateful.state_dict()`` call hands to one ``dcp.save`` or ``dcp.load``."""
 
-    def __init__(self, opt: ShardAccess, parts: list[_Part], cache_bytes: int) -> None:
+    def __init__(self, opt: ShardAccess, parts: list[_Part]) -> None:
         self.opt = opt
         self.layout = opt.layout
         self.parts = parts
         self.mode: str | None = None
-        self.cache_bytes = cache_bytes
-        self._shards: OrderedDict[int, torch.Tensor] = OrderedDict()  # shard -> copy of its fields
-        self._spare: list[torch.Tensor] = []
-        self._block_of = {(p.index, p.block_box(b)[0]): b for p in parts for b in p.blocks}
-        self._staging: torch.Tensor | None = None
+        self._block_of = {(p.index, p.box(b)[0]): b for p in parts for b in p.blocks}
+        self._ring: BlockRing | None = None
+        self._gpu_host: bool | None = None
+        self._staging: StagingFile | None = None
         self.loaded: set[tuple[int, str]] = set()
         self.loaded_steps: dict[int, torch.Tensor] = {}
         self.loaded_step_count = torch.tensor(-1, dtype=torch.int64)
@@ -317,82 +438,54 @@ class _Session:
             )
         self.mode = mode
 
-    # -- save: blocks copied out of cached shards -----------------------------------
+    # -- save: each block copied out of its shard into a reused buffer ----------------
     def block(self, part: _Part, field: str, offset: tuple[int, ...]) -> torch.Tensor:
+        if self._gpu_host is None:
+            self._gpu_host = dcp_memory.gpu_host()
+        keep = dcp_memory.copy_ahead_of_caller(self._gpu_host)  # before the lock: the caller's frames
         with self._lock:
-            return self._block(part, field, offset)
+            return self._block(part, field, offset, keep)
 
-    def _block(self, part: _Part, field: str, offset: tuple[int, ...]) -> torch.Tensor:
-        a, b = self._block_of[(part.index, torch.Size(offset))]
-        lo, hi = part.start + a * part.row_numel, part.start + b * part.row_numel
-        shape = (b - a, *part.shape[1:]) if part.shape else ()
-        out = torch.empty(shape, dtype=torch.float32)
-        flat = out.view(-1)
-        shard_numel = self.layout.shard_numel
-        wanted = range(lo // shard_numel, (hi - 1) // shard_numel + 1)
-        self._fetch(wanted)
+    def _block(self, part: _Part, field: str, offset: tuple[int, ...], keep: int) -> torch.Tensor:
+        block = self._block_of[(part.index, torch.Size(offset))]
+        if self._ring is None:
+            self._ring = BlockRing(BLOCK_NBYTES)
+        out = self._ring.take(block.hi - block.lo, keep=keep)
         k = self.layout.field_index(field)
-        for s in wanted:
-            shard = self.layout.shards[s]
-            s0, s1 = max(lo, shard.start), min(hi, shard.start + shard.capacity)
-            src = self._shards[s][k * shard.capacity : (k + 1) * shard.capacity]
-            flat[s0 - lo : s1 - lo].copy_(src[s0 - shard.start : s1 - shard.start])
-        return out
 
-    def _fetch(self, wanted: Iterable[int]) -> None:
-        wanted = list(wanted)
-        for s in wanted:
-            if s in self._shards:
-                self._shards.move_to_end(s)
-        missing = [s for s in wanted if s not in self._shards]
-        if not missing:
-            return
-        slot = self.layout.slot_nbytes
-        while self._shards and (len(self._shards) + len(missing)) * slot > self.cache_bytes:
-            victim = next((s for s in self._shards if s not in wanted), None)
-            if victim is None:
-                break
-            self._spare.append(self._shards.pop(victim))  # reused: no allocation per shard
+        def copy(shard: ShardSpec, flat: torch.Tensor) -> None:
+            src = flat[k * shard.capacity + block.shard_offset :][: out.numel()]
+            out.copy_(src)
 
-        def keep(shard: ShardSpec, flat: torch.Tensor) -> None:
-            n = len(self.layout.fields) * shard.capacity
-            spare = next((b for b in self._spare if b.numel() >= n), None)
-            if spare is None:
-                spare = torch.empty(len(self.layout.fields) * self.layout.shard_numel, dtype=torch.float32)
-            else:
-                self._spare.remove(spare)
-            self._shards[shard.index] = spare
-            spare[:n].copy_(flat[:n])
+        # A shard read for one block stays in its arena slot for the next (the arena's cache).
+        reads = self.opt.visit_shards(copy, [block.shard])
+        self.stats.shard_reads += int(reads or 0)
+        self.stats.buffer_bytes = self._ring.buffer_nbytes
+        return out.view(block.sizes)
 
-        self.opt.visit_shards(keep, missing)
-        self.stats.shard_reads += len(missing)
-
-    # -- load: DCP writes into a staging map ----------------------------------------
+    # -- load: DCP writes into a staging file ----------------------------------------
     def staged(self, part: _Part, field: str) -> torch.Tensor:
         with self._lock:
             if self._staging is None:
-                self._staging = self._map_staging()
+                self._staging = StagingFile(len(self.layout.fields) * self.layout.total_numel, self.opt.state_dir)
             self.loaded.add((part.index, field))
-        return self._source(part, field).view(part.shape)
+        zeros = (0,) * len(part.shape)
+        return _Staged(self._staging, self._base(part, field), part.shape, zeros, part.shape)
+
+    def _base(self, part: _Part, field: str) -> int:
+        return self.layout.field_index(field) * self.layout.total_numel + part.start
 
     def _source(self, part: _Part, field: str) -> torch.Tensor:
         assert self._staging is not None
-        base = self.layout.field_index(field) * self.layout.total_numel + part.start
-        return self._staging[base : base + part.numel]
+        return _Staged(self._staging, self._base(part, field), (part.numel,), (0,), (part.numel,))
 
-    def _map_staging(self) -> torch.Tensor:
-        numel = len(self.layout.fields) * self.layout.total_numel
-        where = self.opt.state_dir
-        if where is None:  # all state fits in RAM: so does its staging copy
-            return torch.zeros(numel, dtype=torch.float32)
-        fd, path = tempfile.mkstemp(prefix=".dcp-staging-", dir=where)
-        try:
-            os.ftruncate(fd, numel * 4)
-            staging = torch.from_file(path, shared=True, size=numel, dtype=torch.float32)
-        finally:
-            os.close(fd)
-            os.unlink(path)  # the map keeps the space until it is dropped; a crash leaves nothing
-        return staging
+    @staticmethod
+    def copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+        """``dst.copy_(src)``; a staged ``src`` is read from the staging file into ``dst``."""
+        if isinstance(src, _Staged):
+            src.read_into(dst)
+        else:
+            dst.copy_(src)
 
     def sources(self, state: dict[str, Any]) -> dict[tuple[int, str], torch.Tensor]:
         """Flat local views of the values to load, by (parameter, field)."""
@@ -415,9 +508,12 @@ class _Session:
         return out
 
     def close(self) -> None:
-        self._shards.clear()
-        self._spare.clear()
-        self._staging = None
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
 
 
 def _local_optimizer(optimizer: Any) -> ShardAccess:
@@ -443,7 +539,8 @@ class TieredStateful:
         state by parameter FQN as ``get_optimizer_state_dict`` does; ``None``
         keys it by parameter index.
     cache_bytes
-        RAM for shards kept between save requests. ``None``: two arena slots.
+        Deprecated and ignored: blocks are read through the optimizer's arena,
+        whose slots keep the shards last read (a warning says so when given).
 
     Raises
     ------
@@ -471,9 +568,15 @@ class TieredStateful:
         self.optimizer = optimizer
         self.opt = _local_optimizer(optimizer)
         self.model = model
-        if cache_bytes is not None and (isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0):
-            raise ConfigError(f"cache_bytes={cache_bytes!r} must be an int >= 0 (bytes), e.g. 256 << 20")
-        self.cache_bytes = cache_bytes
+        if cache_bytes is not None:
+            if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+                raise ConfigError(f"cache_bytes={cache_bytes!r} must be an int >= 0 (bytes), or leave it out (it is ignored)")
+            warnings.warn(
+                "TieredStateful(cache_bytes=...) is ignored: blocks are read through the optimizer's arena, "
+                "whose slots keep the shards last read, so a save needs no RAM beyond ram_budget; drop the argument",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         self._params = [p for g in self.opt.param_groups for p in g["params"]]
         self._fqns = _fqns(model, self._params)
         self.stats = Stats()
@@ -487,8 +590,8 @@ class TieredStateful:
             # An empty local shard has no blocks but, as in torch, a step.
             shape = tuple(local_tensor(p).shape)
             global_shape, offset = _placement(p, shape)
-            row_numel, blocks = _row_blocks(layout, i, shape)
-            parts.append(_Part(i, self._fqns[i], global_shape, shape, offset, entry.start, entry.numel, row_numel, blocks))
+            blocks = _blocks(layout, i, shape, BLOCK_NBYTES // 4)
+            parts.append(_Part(i, self._fqns[i], global_shape, shape, offset, entry.start, entry.numel, blocks))
         return parts
 
     def state_dict(self) -> dict[str, Any]:
@@ -500,8 +603,7 @@ class TieredStateful:
         """
         opt = self.opt
         opt.check_usable()
-        cache = 2 * opt.layout.slot_nbytes if self.cache_bytes is None else self.cache_bytes
-        session = _Session(opt, self._parts(), cache)
+        session = _Session(opt, self._parts())
         self.stats = session.stats  # the session itself goes when DCP drops the dict (and its cache)
         state: dict[str, dict[str, Any]] = {}
         for part in session.parts:
@@ -546,7 +648,7 @@ class TieredStateful:
             )
         session = next(
             (v._session for e in state.values() for v in e.values() if isinstance(v, _StateTensor)), None
-        ) or _Session(opt, self._parts(), 0)
+        ) or _Session(opt, self._parts())
         sources = session.sources(state)
         steps: dict[int, float] = {}
         for part in session.parts:
@@ -567,7 +669,8 @@ class TieredStateful:
             by_param.setdefault(i, {})[field] = src
 
         def fill(shard: ShardSpec, flat: torch.Tensor) -> None:
-            layout.copy_in(shard, flat, by_param)
+            # Staged values are read from the staging file into the shard, never mapped again.
+            layout.copy_in(shard, flat, by_param, copy=session.copy)
 
         groups = [{k: v for k, v in g.items() if k != "params"} for g in saved_groups]
         require_amsgrad_field(groups, layout, "loaded")

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -276,17 +276,31 @@ class Layout:
             for field, t in dests.get(seg.param, {}).items():
                 t[seg.param_slice].copy_(views[field][seg.shard_slice])
 
-    def copy_in(self, shard: ShardSpec, flat: torch.Tensor, sources: Mapping[int, Mapping[str, torch.Tensor]]) -> None:
+    def copy_in(
+        self,
+        shard: ShardSpec,
+        flat: torch.Tensor,
+        sources: Mapping[int, Mapping[str, torch.Tensor]],
+        *,
+        copy: Callable[[torch.Tensor, torch.Tensor], object] | None = None,
+    ) -> None:
         """Zero the shard, then fill it from per-parameter flat tensors (``sources[param][field]``).
 
-        Fields this layout does not hold are ignored; what no source covers stays zero.
+        Fields this layout does not hold are ignored; what no source covers
+        stays zero. ``copy(dst, src)`` moves each piece (default
+        ``dst.copy_(src)``; a source that lives in a file can be read
+        straight into ``dst``).
         """
         flat.zero_()
         views = self.field_views(flat, shard)
         for seg in shard.segments:
             for field, t in sources.get(seg.param, {}).items():
                 if field in views:
-                    views[field][seg.shard_slice].copy_(t[seg.param_slice])
+                    dst, src = views[field][seg.shard_slice], t[seg.param_slice]
+                    if copy is None:
+                        dst.copy_(src)
+                    else:
+                        copy(dst, src)
 
     # -- identity -----------------------------------------------------
     def to_dict(self) -> dict:

@@ -601,16 +601,18 @@ class TieredAdamW(torch.optim.Optimizer):
         """Raise ``ClosedError`` after :meth:`close`, ``StepFailedError`` after a failed change."""
         self._runtime()
 
-    def visit_shards(self, visit: ShardVisit, shards: Iterable[int] | None = None) -> None:
+    def visit_shards(self, visit: ShardVisit, shards: Iterable[int] | None = None) -> int:
         """Call ``visit(shard, flat)`` with every shard's current fp32 values, read-only.
 
         ``shards`` limits the visit to those shard indices. Disk shards stream
         through the arena, so this needs no RAM beyond the budget; ``flat`` is
-        valid only during the call. See :mod:`tierstore.access`.
+        valid only during the call. Returns the shards read from the drive
+        (resident shards and shards still in an arena slot are not read).
+        See :mod:`tierstore.access`.
         """
         rt = self._runtime()
         order = range(len(self._layout.shards)) if shards is None else shards
-        rt.pipeline.run(order, visit, write=False)
+        return rt.pipeline.run(order, visit, write=False).reads
 
     def replace_shards(
         self,

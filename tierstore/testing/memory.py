@@ -61,9 +61,9 @@ from pathlib import Path
 from typing import Any
 
 from ..benchmarks import rss
+from ..budget import OVERHEAD_BYTES
 from ..sizes import format_size
 
-OVERHEAD_BYTES = 16 << 20  # 16 MiB: the documented fixed overhead beyond ram_budget
 RSS_SAMPLE_S = 0.001  # fallback peak sampling, where VmHWM cannot be restarted
 CACHE_SAMPLE_S = 0.02  # page-cache sampling of the state files (mincore of a 200 MiB file: ~0.1 ms)
 RESULT_PREFIX = "TIERSTORE-MEMORY "  # marks the child's result line among any log output
