@@ -789,7 +789,7 @@ def measure_dcp_memory(
         "save optimizer.state_dict() (materialised)",
         lambda: dcp.save({"optim": opt.state_dict()}, checkpoint_id=str(root / "d"), no_dist=True),
     )
-    record("load TieredStateful (staging map)", lambda: dcp.load({"optim": TieredStateful(opt)}, checkpoint_id=str(root / "a"), no_dist=True))
+    record("load TieredStateful (staging file)", lambda: dcp.load({"optim": TieredStateful(opt)}, checkpoint_id=str(root / "a"), no_dist=True))
     record("save TieredStateful + TieredSavePlanner, file per block (again)", save("e", TieredSavePlanner(), False))
     opt.close()
     for name in ("a", "b", "c", "d", "e", "state"):
