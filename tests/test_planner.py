@@ -14,7 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierstore import BudgetError, ConfigError, TieredAdamW
+from tierstore import ConfigError, TieredAdamW
+from tierstore.budget import OVERHEAD_BYTES
 from tierstore.cli import main
 from tierstore.planner import Bandwidth, load_model, parse_count, plan_memory
 
@@ -122,8 +123,12 @@ def test_70b_bf16(amsgrad: bool, durable: bool, bpp: int) -> None:
     on_disk = state - resident
     assert plan.state == state and plan.shards == SHARDS70
     assert (plan.host.arena, plan.host.staging, plan.host.resident) == (arena, staging, resident)
-    assert plan.host.tierstore_total == arena + staging + resident <= DEFAULT_BUDGET
-    assert plan.verdict == "needs disk tier"
+    assert plan.host.ram_nbytes == arena + staging + resident <= DEFAULT_BUDGET
+    assert plan.host.tierstore_total == plan.host.ram_nbytes + OVERHEAD_BYTES
+    assert plan.host.pinned == plan.host.ram_nbytes + 2 * (4 << 20)  # the budget's buffers and the gradient buckets
+    # The host side streams; one 80 GB GPU cannot hold 280 GB of bf16 weights and grads.
+    assert plan.verdict == "does not fit" and [f.resource for f in plan.shortfalls] == ["GPU memory"]
+    assert plan.host.fits and plan.shortfalls[0].need == P70 * 4 and "4 or more GPUs" in plan.shortfalls[0].fix  # 280 GB / 80 GB
     assert plan.traffic.disk_read == on_disk
     if durable:
         assert plan.disk.total == 2 * state  # a second copy of every shard
@@ -131,7 +136,7 @@ def test_70b_bf16(amsgrad: bool, durable: bool, bpp: int) -> None:
     else:
         assert plan.disk.total == on_disk
         assert plan.traffic.disk_write == on_disk
-    assert plan.gpu.total == P70 * 4 and plan.gpu.fits is False  # 140 GB of bf16 weights+grads
+    assert plan.gpu.total == P70 * 4 and plan.gpu.fits is False  # 280 GB of bf16 weights+grads
     assert plan.torch.optimizer == P70 * (12 + (4 if amsgrad else 0))
     assert plan.torch.total == P70 * (16 + (4 if amsgrad else 0))
 
@@ -146,15 +151,63 @@ def test_budget_split_by_hand() -> None:
     assert everything.host.resident == 80 * MiB and everything.host.arena == 0
     deeper = plan_memory(numel, ram_budget=56 * MiB, prefetch_depth=4, **common)
     assert deeper.host.arena == 48 * MiB and deeper.host.resident_shards == 1
-    with pytest.raises(BudgetError, match="arena"):
-        plan_memory(numel, ram_budget=31 * MiB, **common)
+    short = plan_memory(numel, ram_budget=31 * MiB, **common)  # below the arena: a plan, shown at its minimum
+    assert short.verdict == "does not fit" and short.host.budget == short.host.min_budget == 32 * MiB
+    assert [(f.resource, f.need, f.have) for f in short.shortfalls] == [("ram_budget", 32 * MiB, 31 * MiB)]
+    assert "raise it to at least 32.00 MiB" in short.shortfalls[0].fix
 
 
 def test_does_not_fit_on_the_drive() -> None:
     plan = plan_memory(P70, precision="bf16", host_ram=HOST, gpu=True, shard_numel=SHARD, disk_free=100 * 10**9)
-    assert plan.disk.fits is False and plan.verdict == "does not fit on the drive"
+    assert plan.disk.fits is False and plan.verdict == "does not fit" and not plan.fits
+    [short] = plan.shortfalls
+    assert (short.resource, short.need, short.have) == ("drive space", plan.disk.total, 100 * 10**9)
     durable_only = plan_memory(P7, host_ram=HOST, durable=True, disk_free=10 * 10**9)
-    assert durable_only.verdict == "does not fit on the drive"
+    assert durable_only.verdict == "does not fit"
+    assert "durable=False" in durable_only.shortfalls[0].fix  # RAM holds it all: one copy needs no drive
+
+
+# -- the planner always answers ------------------------------------------------------
+GB24 = 24 * GiB
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_7b_on_a_24_gib_host_without_a_gpu_does_not_fit_and_says_why(precision) -> None:
+    plan = plan_memory(P7, precision=precision, host_ram=GB24)
+    pbytes = 2 if precision == "bf16" else 4
+    assert plan.verdict == "does not fit" and not plan.fits and not plan.host.fits
+    assert plan.host.model == 2 * P7 * pbytes and plan.host.budget_given < 0  # the weights and grads alone exceed 90%
+    assert plan.host.budget == plan.host.min_budget == plan.host.ram_nbytes  # shown at the smallest budget that streams
+    [short] = plan.shortfalls
+    assert short.resource == "host RAM" and short.have == GB24
+    # the default budget must leave 10% of RAM: (weights + grads + the minimum budget) / 0.9
+    assert short.need == -(-(plan.host.model + plan.host.min_budget) * 10 // 9)
+    assert "add" in short.fix and "train on a GPU" in short.fix
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_7b_on_a_24_gib_host_with_an_80_gb_gpu_streams(precision) -> None:
+    plan = plan_memory(P7, precision=precision, host_ram=GB24, gpu_memory=80 * 10**9)
+    assert plan.verdict == "needs the disk tier" and plan.fits and plan.shortfalls == ()
+    assert plan.host.total == plan.host.tierstore_total <= GB24
+    assert plan.host.pinned == plan.host.ram_nbytes + plan.host.grad_buckets
+
+
+def test_every_shortfall_at_once() -> None:
+    plan = plan_memory(P7, precision="bf16", host_ram=GB24, gpu_memory=16 * 10**9, ram_budget=100 * GiB,
+                       durable=True, disk_free=10 * 10**9)
+    assert plan.verdict == "does not fit"
+    by = {f.resource: f for f in plan.shortfalls}
+    assert sorted(by) == ["GPU memory", "drive space", "host RAM"]
+    assert by["GPU memory"].need == 4 * P7 and "2 or more GPUs" in by["GPU memory"].fix
+    assert "lower" not in by["host RAM"].fix and "give ram_budget at most" in by["host RAM"].fix
+    assert by["drive space"].need == 2 * plan.state
+
+
+def test_ram_budget_above_host_ram_is_a_plan() -> None:
+    plan = plan_memory(P7, host_ram=GB24, gpu=True, ram_budget=GiB * 100, shard_numel=1 << 22)
+    assert plan.verdict == "does not fit" and [f.resource for f in plan.shortfalls] == ["host RAM"]
+    assert plan.host.budget == 100 * GiB and plan.host.resident == plan.state  # all resident at that budget
 
 
 def test_step_time_and_endurance_by_hand() -> None:
@@ -194,19 +247,20 @@ def test_unknown_bandwidth_leaves_the_term_out() -> None:
     gpu=st.booleans(),
 )
 def test_invariants(numel, shard_log, budget_mib, precision, amsgrad, durable, gpu) -> None:
-    try:
-        plan = plan_memory(numel, host_ram=64 * GiB, ram_budget=budget_mib * MiB, shard_numel=1 << shard_log,
-                           precision=precision, amsgrad=amsgrad, durable=durable, gpu=gpu)
-    except BudgetError:
-        return
+    plan = plan_memory(numel, host_ram=64 * GiB, ram_budget=budget_mib * MiB, shard_numel=1 << shard_log,
+                       precision=precision, amsgrad=amsgrad, durable=durable, gpu=gpu)
+    assert (plan.verdict == "does not fit") == (budget_mib * MiB < plan.host.min_budget) == (not plan.fits)
+    assert plan.host.budget == max(budget_mib * MiB, plan.host.min_budget)
     bpp = 8 + 4 * amsgrad + 4 * (precision != "fp32" or gpu)
     assert plan.state_bytes_per_param == bpp
     assert plan.state >= numel * bpp and plan.state - numel * bpp < 1024 * bpp  # padding < one page
-    assert plan.host.tierstore_total <= plan.host.budget
+    assert plan.host.ram_nbytes <= plan.host.budget
+    assert plan.host.tierstore_total == plan.host.ram_nbytes + OVERHEAD_BYTES
     assert plan.host.resident + plan.traffic.disk_read == plan.state
     assert plan.disk.total == (2 * plan.state if durable else plan.traffic.disk_read)
     assert plan.traffic.disk_write == (plan.state if durable else plan.traffic.disk_read)
-    assert (plan.verdict == "fits in host RAM") == (plan.traffic.disk_read == 0)
+    if plan.fits:
+        assert (plan.verdict == "fits in host RAM") == (plan.traffic.disk_read == 0)
     assert plan.torch.total == numel * (16 + 4 * amsgrad)
 
 
@@ -230,7 +284,7 @@ def test_agrees_with_tieredadamw(tmp_path, dtype, budget, shard_numel, durable) 
         assert ours.shard_numel == opt.layout.shard_numel
         assert ours.fields == opt.layout.fields
         assert ours.state == opt.plan.state_nbytes
-        assert ours.host.tierstore_total == opt.ram_bytes
+        assert ours.host.ram_nbytes == opt.ram_bytes
         assert (ours.host.arena, ours.host.staging) == (opt.plan.arena_nbytes, opt.plan.staging_nbytes)
         assert ours.host.resident_shards == len(opt.plan.resident)
         assert ours.traffic.disk_read == opt.plan.disk_nbytes
@@ -275,6 +329,24 @@ def test_cli_json(capsys) -> None:
     assert data["state"] == P7_PADDED * 12 and data["state_bytes_per_param"] == 12
     assert data["torch"]["total"] == 16 * P7 and data["verdict"] == "fits in host RAM"
     assert data["gpu"]["weights"] == 2 * P7 and data["traffic"]["pcie_down"] == 2 * P7
+
+
+@pytest.mark.parametrize("gpu", [[], ["--gpu-memory", "80GB"]], ids=["cpu", "gpu"])
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_cli_always_answers_and_fails_only_when_asked(capsys, precision, gpu) -> None:
+    argv = ["--params", "7e9", "--precision", precision, "--host-ram", "24GiB", *gpu]
+    rc, out, err = _run(capsys, *argv, "--json")
+    data = json.loads(out)
+    assert rc == 0 and err == ""
+    fits = bool(gpu)
+    assert data["fits"] is fits and data["verdict"] == ("needs the disk tier" if fits else "does not fit")
+    for key in ("budget", "min_budget", "ram_nbytes", "overhead", "pinned", "tierstore_total", "model", "total"):
+        assert isinstance(data["host"][key], int), key
+    assert [s["resource"] for s in data["shortfalls"]] == ([] if fits else ["host RAM"])
+    rc, out, _ = _run(capsys, *argv, "--fail-if-not-fit")
+    assert rc == (0 if fits else 3) and out.rstrip().splitlines()[-3 if not fits else -1].startswith("verdict:")
+    if not fits:
+        assert "fix: " in out and "DOES NOT FIT" in out
 
 
 def test_cli_human_output(capsys, tmp_path) -> None:
@@ -324,14 +396,11 @@ BAD_CLI = [
     (["--params", "7B", "--gpu-memory=-80GB"], "negative"),
     (["--params", "7B", "--host-ram", "0"], "zero"),
     (["--params", "7B", "--host-ram", "lots"], "is not a size"),
-    (["--params", "7B", "--ram-budget", "1TiB", "--host-ram", "512GiB"], "exceeds host_ram"),
     (["--params", "7B", "--io-json", "/nonexistent/io.json"], "does not exist"),
     (["--params", "7B", "--read-gbps", "0"], "> 0"),
     (["--params", "7B", "--drive-tbw", "many"], "not a number"),
     (["--params", "7B", "--shard-numel", "0"], "shard_numel"),
     (["--params", "7B", "--prefetch-depth", "0"], "prefetch_depth"),
-    (["--params", "1B", "--host-ram", "1GiB", "--ram-budget", "1MiB", "--shard-numel", "4194304"], "arena"),
-    (["--params", "70B", "--host-ram", "64GiB"], "cannot hold the model"),
     (["--params", "7B", "--shard-numel", "1024"], "shards"),
     (["--model", "no_colon_here"], "module:factory"),
     (["--model", "tierstore_no_such_module:f"], "cannot import"),

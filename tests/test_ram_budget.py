@@ -198,6 +198,31 @@ def test_dcp_load_stays_within_budget():
     assert report.phase("dcp_load").peak_growth <= report.ram_budget + OVERHEAD_BYTES, report.summary()
 
 
+# -- the planner's totals against a real run ---------------------------------------------------
+
+
+@child
+@pytest.mark.parametrize(("dtype", "params"), [("float32", FP32_PARAMS), ("bfloat16", BF16_PARAMS)])
+def test_the_plan_holds_against_measured_rss(dtype, params):
+    """``tierstore plan`` for the very tensors the child builds (same sizes, on the meta device)
+    predicts the optimizer's RAM exactly and bounds the measured peak RSS growth, which comes
+    within the overhead of the planned total."""
+    import torch
+
+    from tierstore.benchmarks.workload import param_sizes
+    from tierstore.planner import plan_memory
+
+    tensors = [torch.empty(n, device="meta", dtype=getattr(torch, dtype), requires_grad=True) for n in param_sizes(params)]
+    plan = plan_memory(tensors, host_ram=64 << 30, ram_budget=BUDGET, durable=True)
+    report = measured("steps", dtype=dtype, params=params, durable=True, steps=2)
+    assert plan.verdict == "needs the disk tier" and plan.state == report.info["state_bytes"]
+    assert plan.host.ram_nbytes == report.info["optimizer_ram_bytes"]
+    planned = plan.host.tierstore_total  # ram_nbytes + OVERHEAD_BYTES
+    assert planned - OVERHEAD_BYTES <= report.peak_growth <= planned, (
+        f"planned {planned / MiB:.2f} MiB, measured {report.peak_growth / MiB:.2f} MiB\n{report.summary()}"
+    )
+
+
 # -- offline tools on a state directory ------------------------------------------------------
 
 

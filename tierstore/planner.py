@@ -15,8 +15,11 @@ The formulas, for P trainable parameters with ``b`` bytes each (4 in fp32,
   fp32 ``master`` (+4) when the parameters are bf16/fp16 *or live on a GPU*;
 - GPU: weights ``b·(P + frozen)`` and grads ``b·P`` (activations excluded);
 - host: arena ``(prefetch_depth + 2)`` slots of the largest shard, staging
-  buffers, resident shards; plus the model's weights and grads when it trains
-  on the CPU;
+  buffers, resident shards (what ``ram_budget`` bounds), plus the fixed
+  overhead :data:`~tierstore.budget.OVERHEAD_BYTES` (16 MiB; on a GPU it
+  holds the two 4 MiB gradient buckets); plus the model's weights and grads
+  when it trains on the CPU. On a GPU the budget's buffers and the buckets
+  are pinned;
 - disk: the on-disk shards once; with durability every shard twice;
 - per step: PCIe ``b·P`` down (grads) and ``b·P`` up (params) with a GPU;
   disk reads every on-disk shard once and writes it once; durable, every
@@ -26,6 +29,14 @@ The formulas, for P trainable parameters with ``b`` bytes each (4 in fp32,
   max(down, up)/pcie_bw, P/update_rate, state/memory_copy_bw), over the
   terms whose bandwidth is known (the update reads and writes every state
   byte once: the memory traffic of one copy of the state).
+
+The planner always answers: whatever the host, it shows the arithmetic and a
+verdict, ``"fits in host RAM"``, ``"needs the disk tier"`` or ``"does not
+fit"``, with one :class:`Shortfall` per missing resource (GPU memory, host
+RAM, ``ram_budget``, drive space) naming what would make it fit. When the
+budget cannot stream (it is below the arena and staging, or the default
+budget is nothing at all), the arithmetic is shown at the smallest budget
+that can. Only malformed input is an error.
 
 Example
 -------
@@ -52,17 +63,21 @@ from pathlib import Path
 
 import torch
 
-from .budget import plan_tiers
-from .errors import ConfigError
+from .budget import OVERHEAD_BYTES, TierPlan, plan_tiers
+from .errors import BudgetError, ConfigError
 from .factory import resolve
+from .grad_offload import DEFAULT_BUCKET_BYTES
 from .knobs import Knobs
-from .layout import STATE_ITEMSIZE, Layout
+from .layout import DEFAULT_SHARD_NUMEL, STATE_ITEMSIZE, Layout
 from .sizes import format_size, parse_size
 from .spec import decide
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEFAULT_PREFETCH_DEPTH = Knobs.prefetch_depth  # as TieredAdamW
 HOST_RAM_SHARE = 0.9  # the default budget leaves 10% of host RAM to the OS, data loading, ...
+FITS_IN_RAM, NEEDS_DISK, DOES_NOT_FIT = "fits in host RAM", "needs the disk tier", "does not fit"
+VERDICTS = (FITS_IN_RAM, NEEDS_DISK, DOES_NOT_FIT)
+EXIT_DOES_NOT_FIT = 3  # `tierstore plan --fail-if-not-fit` when the verdict is "does not fit"
 DEFAULT_UPDATE_GPARAMS = 1.0  # fused CPU AdamW, order of magnitude on a server socket
 MAX_SHARDS = 1 << 20  # beyond this the layout itself gets big; raise shard_numel
 GB = 10**9  # bandwidths and drive endurance use decimal units
@@ -98,8 +113,10 @@ class GpuTier:
 @dataclass(frozen=True)
 class HostTier:
     ram: int
-    budget: int
+    budget: int  # the ram_budget the arithmetic uses (the minimum one when the given one cannot run)
     budget_is_default: bool
+    budget_given: int  # what was asked, or the default (90% of RAM minus the model); may be <= 0 or below min_budget
+    min_budget: int  # arena + staging: the smallest ram_budget that streams
     arena_slots: int
     slot: int
     arena: int
@@ -107,9 +124,24 @@ class HostTier:
     staging: int
     resident: int
     resident_shards: int
-    tierstore_total: int
+    ram_nbytes: int  # arena + staging + resident: what ram_budget bounds
+    overhead: int  # the fixed overhead beyond ram_budget (budget.OVERHEAD_BYTES)
+    grad_buckets: int  # part of the overhead: attach()'s pinned gradient buckets on a GPU
+    pinned: int  # page-locked for CUDA copies: the budget's buffers and the gradient buckets
+    tierstore_total: int  # ram_nbytes + overhead: the peak RSS growth tierstore promises
     model: int  # weights + grads of a model that trains on the CPU
     total: int
+    fits: bool
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """One resource the plan lacks: what it needs, what there is, and what would make it fit."""
+
+    resource: str  # "GPU memory", "host RAM", "ram_budget", "drive space"
+    need: int
+    have: int
+    fix: str
 
 
 @dataclass(frozen=True)
@@ -190,7 +222,9 @@ class MemoryPlan:
     step_time: StepTime
     endurance: Endurance
     torch: TorchBaseline
-    verdict: str
+    verdict: str  # one of VERDICTS
+    fits: bool
+    shortfalls: tuple[Shortfall, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict:
@@ -473,17 +507,19 @@ def plan_memory(
     Raises
     ------
     ConfigError
-        For invalid values, or when ``host_ram`` cannot hold the model (CPU
-        training) or ``ram_budget`` exceeds ``host_ram``.
-    BudgetError
-        If ``ram_budget`` cannot hold the streaming arena (lower
-        ``shard_numel`` or ``prefetch_depth``).
+        For invalid values only. A plan that does not fit (host RAM, GPU
+        memory, drive space, a ``ram_budget`` below the streaming arena's
+        minimum) is still a plan: ``verdict`` is ``"does not fit"`` and
+        ``shortfalls`` says what is missing and what would make it fit.
 
     Example
     -------
     >>> plan = plan_memory(7_000_000_000, host_ram=64 << 30, gpu_memory=80 * 10**9)
     >>> plan.fields, plan.verdict
-    (('master', 'exp_avg', 'exp_avg_sq'), 'needs disk tier')
+    (('master', 'exp_avg', 'exp_avg_sq'), 'needs the disk tier')
+    >>> small = plan_memory(7_000_000_000, precision="bf16", host_ram=24 << 30)  # CPU training
+    >>> small.verdict, [f.resource for f in small.shortfalls]
+    ('does not fit', ['host RAM'])
     """
     if precision is not None and precision not in PRECISIONS:
         raise ConfigError(f"precision={precision!r} is unknown; choose one of {sorted(PRECISIONS)}")
@@ -518,23 +554,8 @@ def plan_memory(
     notes = []
     budget_is_default = ram_budget is None
     if ram_budget is None:
-        ram_budget = int(host_ram * HOST_RAM_SHARE) - host_model
-        if ram_budget <= 0:
-            raise ConfigError(
-                f"host RAM {format_size(host_ram)} cannot hold the model's weights and grads "
-                f"({format_size(host_model)}) for CPU training with room to spare; train on a GPU "
-                "(--gpu-memory), use a bigger machine, or give --ram-budget explicitly"
-            )
-    elif ram_budget > host_ram:
-        raise ConfigError(
-            f"ram_budget={format_size(ram_budget)} exceeds host_ram={format_size(host_ram)}; "
-            "give a budget below the machine's RAM"
-        )
-    elif ram_budget + host_model > host_ram:
-        notes.append(
-            f"ram budget + the model's weights and grads on the host ({format_size(ram_budget + host_model)}) "
-            f"exceed host RAM ({format_size(host_ram)})"
-        )
+        ram_budget = int(host_ram * HOST_RAM_SHARE) - host_model  # may be <= 0: then nothing is left for tierstore
+    budget_given = ram_budget
 
     # The decision TieredAdamW makes (keep_master=None), for parameters of this precision on this device.
     spec = decide(
@@ -544,8 +565,8 @@ def plan_memory(
         amsgrad=amsgrad,
         keep_master=None,
         arena_slots=Knobs(prefetch_depth=prefetch_depth).arena_slots,
-        ram_budget=ram_budget,
-        shard_numel=shard_numel,
+        ram_budget=ram_budget if ram_budget > 0 else None,
+        shard_numel=shard_numel if shard_numel is not None or ram_budget > 0 else DEFAULT_SHARD_NUMEL,
     )
     fields, shard_numel, staging_buffers = spec.fields, spec.shard_numel, spec.staging_buffers
     if n_train / shard_numel > MAX_SHARDS:
@@ -554,7 +575,13 @@ def plan_memory(
             "raise shard_numel (e.g. 1 << 22)"
         )
     layout = Layout.build([tensors], shard_numel=shard_numel, fields=fields)
-    tiers = plan_tiers(layout, ram_budget=ram_budget, arena_slots=spec.arena_slots, staging_buffers=staging_buffers)
+    tiers, min_budget = _tiers(layout, ram_budget, spec.arena_slots, staging_buffers)
+    if tiers.ram_budget != ram_budget:
+        notes.append(
+            f"the arithmetic is at ram_budget={format_size(min_budget)}, the smallest that holds the streaming "
+            f"arena and staging ({'the default budget' if budget_is_default else 'ram_budget'} is {_signed_size(ram_budget)})"
+        )
+        ram_budget = min_budget
 
     gpu_total = weights + grads if on_gpu else 0
     gpu_tier = GpuTier(
@@ -565,10 +592,14 @@ def plan_memory(
         total=gpu_total,
         fits=None if gpu_memory is None else gpu_total <= gpu_memory,
     )
+    grad_buckets = 2 * DEFAULT_BUCKET_BYTES if on_gpu else 0  # attach()'s two pinned buckets, inside the overhead
+    tierstore_total = tiers.ram_nbytes + OVERHEAD_BYTES
     host = HostTier(
         ram=host_ram,
         budget=ram_budget,
         budget_is_default=budget_is_default,
+        budget_given=budget_given,
+        min_budget=min_budget,
         arena_slots=tiers.arena_slots,
         slot=tiers.slot_nbytes,
         arena=tiers.arena_nbytes,
@@ -576,9 +607,14 @@ def plan_memory(
         staging=tiers.staging_nbytes,
         resident=tiers.resident_nbytes,
         resident_shards=len(tiers.resident),
-        tierstore_total=tiers.ram_nbytes,
+        ram_nbytes=tiers.ram_nbytes,
+        overhead=OVERHEAD_BYTES,
+        grad_buckets=grad_buckets,
+        pinned=tiers.ram_nbytes + grad_buckets if on_gpu else 0,
+        tierstore_total=tierstore_total,
         model=host_model,
-        total=tiers.ram_nbytes + host_model,
+        total=tierstore_total + host_model,
+        fits=tierstore_total + host_model <= host_ram,
     )
     primary = tiers.state_nbytes if durable else tiers.disk_nbytes
     second = tiers.state_nbytes if durable else 0
@@ -615,19 +651,20 @@ def plan_memory(
         fits=None if torch_limit is None else torch_total <= torch_limit,
     )
 
-    if disk.fits is False:
-        verdict = "does not fit on the drive"
+    shortfalls = _shortfalls(gpu_tier, host, disk, durable=durable, streamed=tiers.disk_nbytes)
+    if any(f.resource in ("host RAM", "ram_budget") for f in shortfalls):
+        host = dataclasses.replace(host, fits=False)
+    if shortfalls:
+        verdict = DOES_NOT_FIT
     elif tiers.disk_shards:
-        verdict = "needs disk tier"
+        verdict = NEEDS_DISK
     else:
-        verdict = "fits in host RAM"
+        verdict = FITS_IN_RAM
     if on_gpu and precision == "fp32":
         notes.append(
             "fp32 parameters on a GPU: TieredAdamW keeps an fp32 master copy on the host (+4 B/param), "
             "as the authoritative value the GPU parameters are copied from"
         )
-    if gpu_tier.fits is False:
-        notes.append("the GPU cannot hold the weights and grads; shard the model (FSDP2) or use a bigger GPU")
     if disk.total and disk_free is None:
         notes.append("free disk space unknown: pass --state-dir to check the drive")
     return MemoryPlan(
@@ -652,8 +689,82 @@ def plan_memory(
         endurance=endurance,
         torch=baseline,
         verdict=verdict,
+        fits=not shortfalls,
+        shortfalls=tuple(shortfalls),
         notes=tuple(notes),
     )
+
+
+def _signed_size(nbytes: int) -> str:
+    return format_size(nbytes) if nbytes >= 0 else f"-{format_size(-nbytes)}"
+
+
+def _tiers(layout: Layout, ram_budget: int, arena_slots: int, staging_buffers: int) -> tuple[TierPlan, int]:
+    """The tier split at ``ram_budget``, or at the minimum budget when that one cannot stream; and the minimum."""
+    min_budget = arena_slots * layout.slot_nbytes + staging_buffers * layout.max_capacity * STATE_ITEMSIZE
+    if ram_budget > 0:
+        try:
+            return plan_tiers(layout, ram_budget=ram_budget, arena_slots=arena_slots, staging_buffers=staging_buffers), min_budget
+        except BudgetError:
+            pass
+    tiers = plan_tiers(layout, ram_budget=min_budget, arena_slots=arena_slots, staging_buffers=staging_buffers)
+    return tiers, min_budget
+
+
+def _shortfalls(gpu: GpuTier, host: HostTier, disk: DiskTier, *, durable: bool, streamed: int) -> list[Shortfall]:
+    """Every resource the plan lacks, each with what would make it fit."""
+    out = []
+    if gpu.fits is False and gpu.memory is not None:
+        gpus = -(-gpu.total // max(gpu.memory, 1))
+        out.append(Shortfall(
+            "GPU memory", gpu.total, gpu.memory,
+            f"the weights and grads need {_b(gpu.total)} of GPU memory (activations not included), the GPU has "
+            f"{_b(gpu.memory)}: use a GPU with at least {_b(gpu.total)}, or shard the model over {gpus} or more "
+            "GPUs with FSDP2 (fully_shard), each rank with its own TieredAdamW",
+        ))
+    asked = host.budget_given
+    room = host.ram - host.model - host.overhead  # the largest ram_budget this host holds
+    too_small = asked < host.min_budget
+    if too_small and not host.budget_is_default:
+        out.append(Shortfall(
+            "ram_budget", host.min_budget, asked,
+            f"ram_budget={_signed_size(asked)} cannot hold the streaming arena and staging "
+            f"({host.arena_slots} slots x {format_size(host.slot)} + {format_size(host.staging)}): raise it to at "
+            f"least {format_size(host.min_budget)} ({host.min_budget} bytes)"
+            + (f", at most {format_size(room)} on this host" if room >= host.min_budget else "")
+            + ", or lower shard_numel or prefetch_depth",
+        ))
+    need = host.total
+    if host.budget_is_default and too_small:  # the default is 90% of RAM minus the model: too little is left
+        need = max(need, math.ceil((host.model + host.min_budget) / HOST_RAM_SHARE))
+    if need > host.ram:
+        fixes = [f"add {_b(need - host.ram)} of RAM (a host of {_b(need)} or more)"]
+        if host.model:
+            fixes.append(f"train on a GPU (--gpu-memory): the weights and grads ({_b(host.model)}) then leave the host")
+        if room >= host.min_budget and (host.budget_is_default or not too_small):
+            fixes.append(
+                f"give ram_budget at most {format_size(room)} ({room} bytes; at least {format_size(host.min_budget)}): "
+                "more state streams from the drive"
+                + (", and less than 10% of RAM is left to the rest" if host.budget_is_default else "")
+            )
+        parts = f"tierstore {_b(host.tierstore_total)}: ram_budget {format_size(host.budget)} + {format_size(host.overhead)} overhead"
+        if host.model:
+            parts = f"weights and grads {_b(host.model)} + {parts}"
+        if need > host.total:
+            fixes[0] += "; the default ram_budget leaves 10% of RAM to the OS and data loading"
+        out.append(Shortfall(
+            "host RAM", need, host.ram,
+            f"the host needs {_b(host.total)} ({parts}) and has {_b(host.ram)}: " + "; or ".join(fixes),
+        ))
+    if disk.fits is False and disk.free is not None:
+        fixes = [f"free {_b(disk.total - disk.free)} more on the state directory's drive, or use a drive with {_b(disk.total)} free"]
+        if durable and streamed <= disk.free:
+            fixes.append(f"durable=False keeps one copy of the streamed shards only ({_b(streamed)}; no crash consistency)")
+        out.append(Shortfall(
+            "drive space", disk.total, disk.free,
+            f"the state files need {_b(disk.total)}, the drive has {_b(disk.free)} free: " + "; or ".join(fixes),
+        ))
+    return out
 
 
 STEP_TIME_FORMULA = (
@@ -758,6 +869,8 @@ def format_plan(plan: MemoryPlan) -> str:
     else:
         lines += ["GPU: none (the model trains on the CPU)"]
     budget_how = " (default: 90% of host RAM" + (" minus the model" if h.model else "") + ")" if h.budget_is_default else ""
+    if h.budget != h.budget_given:
+        budget_how += f"; asked {_signed_size(h.budget_given)}, below the minimum: shown at the minimum"
     lines += [
         f"host RAM: {_b(h.ram)}; ram_budget {_b(h.budget)}{budget_how}",
         "  arena                "
@@ -765,11 +878,16 @@ def format_plan(plan: MemoryPlan) -> str:
         "  staging              "
         + (f"{h.staging_buffers} x {format_size(h.staging // h.staging_buffers)} = {_b(h.staging)}" if h.staging_buffers else "none (fp32 on the CPU)"),
         f"  resident state       {_b(h.resident)} ({h.resident_shards:,} of {p.shards:,} shards)",
-        f"  tierstore total      {_b(h.tierstore_total)}",
+        f"  = ram_budget's part  {_b(h.ram_nbytes)} (the smallest ram_budget that streams: {format_size(h.min_budget)})",
+        f"  fixed overhead       {format_size(h.overhead)} (interpreter, I/O threads, checkpoint and DCP buffers"
+        + (f", {format_size(h.grad_buckets)} of gradient buckets" if h.grad_buckets else "") + ")",
+        f"  tierstore total      {_b(h.tierstore_total)} (peak RSS growth, measured by the tests)",
     ]
+    if h.pinned:
+        lines.append(f"  pinned (page-locked) {_b(h.pinned)} of it: RLIMIT_MEMLOCK (ulimit -l) must allow that much")
     if h.model:
         lines.append(f"  model (CPU training) {_b(h.model)} (weights + grads)")
-        lines.append(f"  total                {_b(h.total)}")
+    lines.append(f"  total                {_b(h.total)}" + ("  fits" if h.fits else "  DOES NOT FIT"))
     free = "free space unknown" if d.free is None else f"{_b(d.free)} free"
     lines += [
         f"disk: {free}; {'durable: two copies of every shard' if p.durable else 'not durable'}",
@@ -824,6 +942,9 @@ def format_plan(plan: MemoryPlan) -> str:
     ]
     lines += [f"note: {n}" for n in p.notes]
     lines.append(f"verdict: {p.verdict}")
+    for short in p.shortfalls:
+        lines.append(f"  {short.resource}: need {_b(short.need)}, have {_b(short.have) if short.have >= 0 else _signed_size(short.have)}")
+        lines.append(f"    fix: {short.fix}")
     return "\n".join(lines)
 
 
@@ -853,7 +974,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-gbps", help="host memory copy bandwidth, GB/s (overrides --io-json)")
     parser.add_argument("--update-gparams", default=str(DEFAULT_UPDATE_GPARAMS), help="CPU AdamW update rate, Gparam/s (default 1)")
     parser.add_argument("--drive-tbw", help="the drive's rated endurance, TB written, e.g. 600")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON (every number, the verdict and the shortfalls)")
+    parser.add_argument(
+        "--fail-if-not-fit",
+        action="store_true",
+        help=f"exit with status {EXIT_DOES_NOT_FIT} when the verdict is 'does not fit' (the plan is printed either way)",
+    )
+    parser.epilog = (
+        "Exit status: 0 for any plan, whatever its verdict ('fits in host RAM', 'needs the disk tier', "
+        f"'does not fit'); {EXIT_DOES_NOT_FIT} for 'does not fit' with --fail-if-not-fit; 1 for invalid input "
+        "(the error says which); 2 for unknown options."
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -907,7 +1038,7 @@ def run(args: argparse.Namespace) -> int:
     if note:
         plan = dataclasses.replace(plan, notes=(*plan.notes, note))
     print(json.dumps(plan.to_dict(), indent=2) if args.json else format_plan(plan))
-    return 0
+    return EXIT_DOES_NOT_FIT if args.fail_if_not_fit and not plan.fits else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
