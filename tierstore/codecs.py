@@ -599,6 +599,7 @@ def _int8_scales(fmt: MomentFormat, field: str, src: Tensor) -> tuple[Tensor, Te
             scale[i] = (part.abs() if signed else part).max()
     if not signed:
         scale.clamp_(min=0.0)
+    scale.abs_()  # a block of -0.0 has scale +0.0, as in the reference
     return scale, torch.where(scale > 0, scale, 1.0), bad
 
 

@@ -78,8 +78,8 @@ class CodecAdamW(torch.optim.Optimizer):
         }
         self.scratch = {f: torch.zeros(self.layout.max_capacity) for f in FIELDS}
         self.step_count = torch.tensor(0.0)
-        # Zero moments encode to all-zero codes in every format (zero scale in int8), so
-        # the zero-filled buffers above already hold encoded zeros.
+        # Zero-filled bytes decode to zero moments in every format (int8: zero scales),
+        # so the buffers above are a valid initial state.
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: D102 - torch.optim.Optimizer.step

@@ -50,7 +50,7 @@ BASELINE = "torch-adamw-fp32"
 MODELS: dict[str, dict[str, Any]] = {
     # name: learning rate, weight decay, default batch/context, builder
     "demo": dict(lr=3e-3, weight_decay=0.1, batch_size=4, context=64),
-    "gpt2": dict(lr=1e-3, weight_decay=0.1, batch_size=4, context=32),
+    "gpt2": dict(lr=1e-3, weight_decay=0.1, batch_size=2, context=32),
 }
 
 
