@@ -67,22 +67,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (results do not depend on it)")
+    ap.add_argument("--batch-seed", type=int, default=0, help="seed of the training batches (another seed: noise floor)")
     ap.add_argument("--json", required=True, help="where to write the JSON")
     ap.add_argument("--plot", default=None, help="where to write the loss-curve PNG")
     ap.add_argument("--merge", nargs="+", default=None, help="merge these JSONs instead of training")
     args = ap.parse_args(argv)
     if args.merge:
         parts = [json.loads(Path(p).read_text()) for p in args.merge]
-        results = {**parts[0], "models": {k: v for p in parts for k, v in p["models"].items()},
-                   "merged_from": args.merge, "seconds": {name: p.get("seconds") for name, p in zip(args.merge, parts)}}
+        results = {**parts[0], "models": {}, "merged_from": args.merge,
+                   "seconds": {name: p.get("seconds") for name, p in zip(args.merge, parts)}}
+        for part in parts:  # runs of one model split over processes: their contenders together
+            for model, data in part["models"].items():
+                if model in results["models"]:
+                    results["models"][model]["contenders"].update(data["contenders"])
+                else:
+                    results["models"][model] = data
+        for data in results["models"].values():
+            convergence.relative_to_baseline(data)
     else:
         torch.set_num_threads(args.threads)
         t0 = time.perf_counter()
         results = {"tool": "bench/convergence.py", "argv": sys.argv, "machine": machine_info(), "models": {},
                    "schedule": {"warmup_steps": convergence.WARMUP_STEPS, "min_lr_fraction": convergence.MIN_LR_FRACTION,
                                 "clip_norm": convergence.CLIP_NORM, "betas": [0.9, 0.999], "eps": 1e-8}}
-        for model in args.models.split(","):
-            names = args.contenders.split(",") if args.contenders else DEFAULT_CONTENDERS[model]
+        for model_name in args.models.split(","):
+            model = model_name if args.batch_seed == 0 else f"{model_name}@seed{args.batch_seed}"
+            names = args.contenders.split(",") if args.contenders else DEFAULT_CONTENDERS[model_name]
 
             def save(partial: dict, model: str = model) -> None:  # partial results survive an interrupted run
                 results["models"][model] = partial
@@ -90,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                     json.dump(results, fh, indent=1)
 
             save(convergence.run_model(
-                model, names, steps=args.steps, eval_every=args.eval_every,
+                model_name, names, steps=args.steps, eval_every=args.eval_every, batch_seed=args.batch_seed,
                 progress=lambda s: print(s, flush=True), on_contender=save,
             ))
         results["seconds"] = time.perf_counter() - t0

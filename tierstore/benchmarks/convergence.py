@@ -93,7 +93,7 @@ def our_format(name: str) -> codecs.MomentFormat:
         elif part == "raw":
             fmt = dataclasses.replace(fmt, name=f"{fmt.name}-raw", sqrt_second=False)
         else:
-            raise ConfigError(f"contender {name!r}: unknown variant {part!r}")
+            raise ConfigError(f"contender {name!r}: unknown variant {part!r}; use nearest, stochastic or raw")
     return fmt
 
 
@@ -150,6 +150,7 @@ def run_model(
     batch_size: int | None = None,
     context: int | None = None,
     eval_windows: int = 32,
+    batch_seed: int = 0,
     small: bool = False,
     progress: Callable[[str], None] | None = None,
     on_contender: Callable[[dict[str, Any]], None] | None = None,
@@ -161,7 +162,7 @@ def run_model(
     corpus = load_corpus()
     cut = int(corpus.numel() * (1 - EVAL_FRACTION))
     train, held_out = corpus[:cut], corpus[cut:].long()
-    stream = BatchStream(train, context=context, batch_size=batch_size, seed=0)
+    stream = BatchStream(train, context=context, batch_size=batch_size, seed=batch_seed)
     starts = torch.linspace(0, held_out.numel() - context - 1, eval_windows).long()
     window = held_out[starts[:, None] + torch.arange(context + 1)]
     eval_x, eval_y = window[:, :-1], window[:, 1:]
@@ -169,6 +170,7 @@ def run_model(
     out: dict[str, Any] = {
         "params": sum(p.numel() for p in initial.parameters()),
         "batch_size": batch_size, "context": context, "lr": spec["lr"], "weight_decay": spec["weight_decay"],
+        "batch_seed": batch_seed,
         "train_tokens": train.numel(), "eval_tokens": int(eval_x.numel()), "contenders": {},
     }
     for name in contenders:
@@ -209,12 +211,17 @@ def run_model(
         out["contenders"][name] = record
         if on_contender:
             on_contender(out)
-    base = out["contenders"].get(BASELINE, {})
-    for record in out["contenders"].values():
+    relative_to_baseline(out)
+    return out
+
+
+def relative_to_baseline(model_result: dict[str, Any]) -> None:
+    """Add ``final_vs_fp32`` / ``best_vs_fp32`` (relative differences) to every contender."""
+    base = model_result["contenders"].get(BASELINE, {})
+    for record in model_result["contenders"].values():
         if "final_eval" in record and "final_eval" in base:
             record["final_vs_fp32"] = record["final_eval"] / base["final_eval"] - 1
             record["best_vs_fp32"] = record["best_eval"] / base["best_eval"] - 1
-    return out
 
 
 def plot(results: dict[str, Any], path: str) -> None:
