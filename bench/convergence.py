@@ -35,7 +35,7 @@ DEFAULT_CONTENDERS = {
     ],
     "gpt2": [
         "torch-adamw-fp32", "torchao-adamw8bit", "bnb-adamw8bit",
-        "ours-bfloat16-stochastic", "ours-int8-nearest",
+        "ours-bfloat16-nearest", "ours-int8-nearest",
     ],
 }
 

@@ -382,7 +382,7 @@ def test_one_math_fast_codecs_equal_reference_codecs_around_the_fused_kernel(fmt
         (lambda: codecs.encode("int8", "master", torch.zeros(4), torch.zeros(64, dtype=torch.uint8)), "not a moment field"),
         (lambda: codecs.encode("int8", "exp_avg", torch.zeros(4, dtype=torch.float64), torch.zeros(64, dtype=torch.uint8)), "float32"),
         (lambda: codecs.encode("int8", "exp_avg", torch.zeros(1024), torch.zeros(1024, dtype=torch.uint8)), "at least 1040 bytes"),
-        (lambda: codecs.encode("bfloat16", "exp_avg", torch.zeros(4), torch.zeros(8, dtype=torch.uint8)), "key=RoundingKey"),
+        (lambda: codecs.encode(variant("bfloat16", "stochastic"), "exp_avg", torch.zeros(4), torch.zeros(8, dtype=torch.uint8)), "key=RoundingKey"),
         (lambda: codecs.encode("float32", "exp_avg", torch.zeros(4), torch.zeros(16, dtype=torch.uint8), impl="slow"), "impl='slow'"),
         (lambda: codecs.decode("int8", "exp_avg", torch.zeros(128, dtype=torch.uint8), torch.zeros(4), threads=0), "threads=0"),
     ],

@@ -24,10 +24,14 @@ partial) from :meth:`MomentFormat.scales_offset`. :meth:`MomentFormat.field_nbyt
 rounds a field up to :data:`FIELD_ALIGN` so fields laid back to back in a
 shard extent each start 4 KiB aligned.
 
-Rounding. Nearest rounding is a pure function of the input. Stochastic
-rounding draws, for the element at flat index ``i`` of its field, bits from a
-counter-based hash of ``(seed, step, field, i)`` (:class:`RoundingKey`): the
-bytes do not depend on shard size, shard order or thread count.
+Rounding. The registered formats round to nearest: a pure function of the
+input, as cheap as it gets, idempotent, and in the convergence runs no worse
+than stochastic rounding (``docs/formats-draft.md``). A format record with
+``rounding="stochastic"`` (a variant, e.g. for experiments) rounds up with
+probability equal to the value's position between its two neighbours, with
+bits from a counter-based hash of ``(seed, step, field, i)`` for the element
+at flat index ``i`` (:class:`RoundingKey`): the bytes do not depend on shard
+size, shard order or thread count.
 
 Non-finite values. ``float32`` and ``bfloat16`` keep NaN and ±inf (bfloat16
 NaNs become the canonical quiet NaN). In ``int8`` the scale of a block is the
@@ -109,7 +113,7 @@ class MomentFormat:
     @property
     def bytes_per_element(self) -> float:
         """Bytes per element including the amortised scales (float32: 4, bfloat16: 2, int8: 1.015625)."""
-        return self.code_itemsize + (4 / self.block_numel if self.block_numel else 0)
+        return float(self.code_itemsize + (4 / self.block_numel if self.block_numel else 0))
 
     @property
     def exact(self) -> bool:
@@ -159,7 +163,7 @@ class MomentFormat:
 
 FORMATS: dict[str, MomentFormat] = {
     "float32": MomentFormat("float32", 4),
-    "bfloat16": MomentFormat("bfloat16", 2, rounding="stochastic"),
+    "bfloat16": MomentFormat("bfloat16", 2, rounding="nearest"),
     "int8": MomentFormat("int8", 1, BLOCK_NUMEL, rounding="nearest", sqrt_second=True),
 }
 
@@ -470,8 +474,7 @@ def encode(
     Example
     -------
     >>> out = torch.empty(8, dtype=torch.uint8)
-    >>> encode("bfloat16", "exp_avg", torch.tensor([1.0, -2.0, 0.5, 3.0]), out,
-    ...        key=RoundingKey(seed=0, step=1))
+    >>> encode("bfloat16", "exp_avg", torch.tensor([1.0, -2.0, 0.5, 3.0]), out)
     >>> out.view(torch.bfloat16).tolist()
     [1.0, -2.0, 0.5, 3.0]
     """

@@ -19,8 +19,8 @@ the drive bounds a streamed step.
 Example
 -------
 >>> result = measure(numel=1 << 14, rounds=1, formats=["bfloat16"], threads=1)
->>> sorted(result["summary"]["bfloat16"]) [:2]
-['codec_over_adamw', 'codec_params_per_s']
+>>> result["summary"]["bfloat16"]["bytes_per_param"]
+8.0
 """
 
 from __future__ import annotations
