@@ -232,15 +232,20 @@ def plot(results: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     models = results["models"]
-    fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 4.5), squeeze=False)
-    for ax, (model_name, data) in zip(axes[0], models.items()):
+    cols = min(2, len(models))
+    rows = -(-len(models) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(8 * cols, 5 * rows), squeeze=False)
+    for ax in axes.flat[len(models) :]:
+        ax.set_visible(False)
+    for ax, (model_name, data) in zip(axes.flat, models.items()):
         for name, rec in data["contenders"].items():
             if "eval" not in rec:
                 continue
             steps, losses = zip(*rec["eval"])
             style = "-" if name == BASELINE else ("--" if name.startswith("ours") else ":")
             ax.plot(steps, losses, style, label=f"{name} (final {rec['final_eval']:.3f})")
-        ax.set_title(f"{model_name}: {data['params'] / 1e6:.2f} M params, eval loss (held-out text)")
+        ax.set_title(f"{model_name}: {data['params'] / 1e6:.2f} M params, batch {data['batch_size']}x{data['context']}, "
+                     "eval loss on held-out text", fontsize=9)
         ax.set_xlabel("step")
         ax.set_ylabel("cross-entropy (nats/byte)")
         ax.legend(fontsize=7)
