@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import math
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -97,31 +99,34 @@ def our_format(name: str) -> codecs.MomentFormat:
     return fmt
 
 
-def make_optimizer(name: str, params: list[Tensor], *, lr: float, weight_decay: float) -> tuple[torch.optim.Optimizer, str]:
-    """The optimizer called ``name`` and how it is implemented (a short label)."""
+def make_optimizer(
+    name: str, params: list[Tensor], *, lr: float, weight_decay: float
+) -> tuple[torch.optim.Optimizer, str, str | None]:
+    """The optimizer called ``name``, how it is implemented (a short label), and the
+    temporary state directory to remove after it is closed (None if it has none)."""
     if name == BASELINE:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True), "torch.optim.AdamW(fused=True)"
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True), "torch.optim.AdamW(fused=True)", None
     if name == "torchao-adamw8bit":
         from torchao.optim import AdamW8bit
 
-        return AdamW8bit(params, lr=lr, weight_decay=weight_decay), "torchao.optim.AdamW8bit"
+        return AdamW8bit(params, lr=lr, weight_decay=weight_decay), "torchao.optim.AdamW8bit", None
     if name == "bnb-adamw8bit":
         import bitsandbytes as bnb
 
-        return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=weight_decay), "bitsandbytes.optim.AdamW8bit"
+        return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=weight_decay), "bitsandbytes.optim.AdamW8bit", None
     if name.startswith("ours-"):
         fmt = our_format(name)
-        try:
-            from ..optimizer import TieredAdamW
+        from ..optimizer import TieredAdamW
 
-            opt = TieredAdamW(
-                params, lr=lr, weight_decay=weight_decay, moment_dtype=fmt.name,
-                state_dir=tempfile.mkdtemp(prefix="tierstore-convergence-"),
-            )
-            return opt, f"TieredAdamW(moment_dtype={fmt.name!r})"
-        except (TypeError, ConfigError):
-            # TieredAdamW has no moment_dtype (or not this variant) yet: the stand-in.
-            return CodecAdamW(params, lr=lr, weight_decay=weight_decay, moment_dtype=fmt), f"stand-in CodecAdamW({fmt})"
+        if "moment_dtype" in inspect.signature(TieredAdamW.__init__).parameters:
+            state_dir = tempfile.mkdtemp(prefix="tierstore-convergence-")
+            try:
+                opt = TieredAdamW(params, lr=lr, weight_decay=weight_decay, moment_dtype=fmt.name, state_dir=state_dir)
+                return opt, f"TieredAdamW(moment_dtype={fmt.name!r})", state_dir
+            except ConfigError:  # this variant is not a TieredAdamW format: the stand-in runs it
+                shutil.rmtree(state_dir, ignore_errors=True)
+        # Until TieredAdamW takes moment_dtype: the stand-in doing the same math.
+        return CodecAdamW(params, lr=lr, weight_decay=weight_decay, moment_dtype=fmt), f"stand-in CodecAdamW({fmt})", None
     raise ConfigError(f"contender {name!r} is unknown")
 
 
@@ -178,7 +183,7 @@ def run_model(
         params = [p for p in model.parameters() if p.requires_grad]
         record: dict[str, Any] = {"steps": 0}
         try:
-            opt, impl = make_optimizer(name, params, lr=spec["lr"], weight_decay=spec["weight_decay"])
+            opt, impl, state_dir = make_optimizer(name, params, lr=spec["lr"], weight_decay=spec["weight_decay"])
         except Exception as exc:  # an optional library that cannot run here: say why, go on
             record["error"] = f"{type(exc).__name__}: {exc}"
             out["contenders"][name] = record
@@ -204,6 +209,8 @@ def run_model(
                     progress(f"{model_name} {name} step {step + 1}: train {loss.item():.4f} eval {evals[-1][1]:.4f}")
         if hasattr(opt, "close"):
             opt.close()
+        if state_dir:
+            shutil.rmtree(state_dir, ignore_errors=True)
         record.update(
             steps=steps, train_loss=train_losses, eval=evals, final_eval=evals[-1][1],
             best_eval=min(v for _, v in evals), seconds=time.perf_counter() - start, optimizer_seconds=opt_seconds,
