@@ -23,7 +23,7 @@ LAYERS: dict[str, int] = {
     # 0: leaves
     "_version": 0, "errors": 0, "sizes": 0, "faults": 0, "dtensor": 0, "dynamo": 0,
     # 1: pure descriptions and arithmetic (no I/O)
-    "layout": 1, "hyper": 1, "knobs": 1, "kernel": 1, "integrity": 1, "factory": 1, "distributed": 1,
+    "workers": 0, "codecs": 1, "layout": 1, "hyper": 1, "knobs": 1, "kernel": 1, "integrity": 1, "factory": 1, "distributed": 1,
     "commit_policy": 1,
     "spec": 2, "budget": 2, "manifest": 2, "torch_format": 2, "deepspeed_config": 3,
     # 4: memory and files
@@ -43,6 +43,7 @@ LAYERS: dict[str, int] = {
     "benchmarks": 12, "benchmarks.floor": 12, "benchmarks.footprint": 12, "benchmarks.io": 12,
     "benchmarks.peer": 12, "benchmarks.rawio": 12, "benchmarks.report": 12, "benchmarks.rss": 12,
     "benchmarks.step": 12, "benchmarks.workload": 12, "benchmarks.resources": 12, "benchmarks.durability": 12, "benchmarks.overlap": 12,
+    "benchmarks.codec_adamw": 12, "benchmarks.codec_speed": 12, "benchmarks.convergence": 12,
     # 14: test kits, over the public face
     "testing": 14, "testing.backend": 14, "testing.crash": 14, "testing.distributed": 14,
     "testing.fsimage": 14, "testing.fsrecord": 14, "testing.powercut": 14, "testing.memory": 14,

@@ -39,7 +39,7 @@ from .grad_offload import DEFAULT_BUCKET_BYTES, GradientOffload
 from .hyper import GroupHyper, check_hyper, scalar_betas
 from .journal import Journal
 from .knobs import Knobs, check_int
-from .layout import Layout, ShardSpec
+from .layout import Layout, ShardSpec, layout_format
 from .manifest import check_same_model, decode_group, saved_layout
 from .overlap import Attachment
 from .pipeline import ShardPipeline
@@ -105,6 +105,14 @@ class TieredAdamW(torch.optim.Optimizer):
         Keep an fp32 master copy even for fp32 CPU parameters. ``None``: only
         when some parameter is not fp32 or not on the CPU.
         With it, the state directory alone can restore fp32 parameters after a crash.
+    moment_dtype
+        How the moments are stored, in RAM and on disk: ``"float32"`` (the
+        default: bitwise equal to ``torch.optim.AdamW(fused=True)``),
+        ``"bfloat16"`` (2 B/element) or ``"int8"`` (blockwise quantized, 1 B
+        plus a 4 B scale per 256 elements). The update always runs in fp32:
+        a shard's moments are decoded, updated by the same fused kernel and
+        encoded back. Part of the state's identity (saved, checked on
+        resume). See ``docs/formats.md`` for what each costs in accuracy.
     pin_memory
         Pin host buffers for CUDA; ``None`` pins exactly when CUDA is available.
     update_threads
@@ -182,6 +190,7 @@ class TieredAdamW(torch.optim.Optimizer):
         io_workers: int = 8,
         request_bytes: int = 1 << 20,
         keep_master: bool | None = None,
+        moment_dtype: str = "float32",
         pin_memory: bool | None = None,
         update_threads: int | None = None,
         durable: bool | None = None,
@@ -204,6 +213,7 @@ class TieredAdamW(torch.optim.Optimizer):
         )
         if shard_numel is not None:
             check_int("shard_numel", shard_numel, 1)
+        self._format = layout_format(moment_dtype)
         Journal.check_arguments(state_dir, durable=durable, resume=resume)
         policy = CommitPolicy.parse(commit_every)
         defaults = dict(lr=lr, betas=scalar_betas(betas), eps=eps, weight_decay=weight_decay)
@@ -262,11 +272,14 @@ class TieredAdamW(torch.optim.Optimizer):
             ram_budget=self._budget,
             shard_numel=shard_numel,
             saved=old,
+            moment_dtype=self._format,
+            workers=self._knobs.max_update_threads,
         )
         self._layout = Layout.build(
             [[local_tensor(p) if p.requires_grad else p for p in g["params"]] for g in self.param_groups],
             shard_numel=self._spec.shard_numel,
             fields=self._spec.fields,
+            moment_dtype=self._spec.moment_format,
         )
         if old is not None:
             check_same_model(old, self._layout, where)
@@ -276,6 +289,7 @@ class TieredAdamW(torch.optim.Optimizer):
                 ram_budget=self._budget,
                 arena_slots=self._spec.arena_slots,
                 staging_buffers=self._spec.staging_buffers,
+                workers=self._spec.workers,
             )
         except BudgetError as exc:
             if old is None:
@@ -313,7 +327,10 @@ class TieredAdamW(torch.optim.Optimizer):
         log.info("resumed %s at step %d", rt.journal.directory, rt.step_count)
 
     def _init_shards(self, rt: Runtime) -> None:
-        """Zero every shard and seed the master copy from the parameters."""
+        """Zero every shard and seed the master copy from the parameters.
+
+        Zero bytes are zero moments in every format (int8: zero scales).
+        """
         seed = master_sync(self._layout, self._params, to_params=lambda i: False)
 
         def fill(shard: ShardSpec, flat: Tensor) -> None:
@@ -375,18 +392,20 @@ class TieredAdamW(torch.optim.Optimizer):
             offload.consume()
         amsgrad_field = self._spec.amsgrad
         hypers = [GroupHyper.of(g, amsgrad_field=amsgrad_field) for g in self.param_groups]
+        streams = any(not rt.store.is_resident(i) for i in self._layout.shards_of(active))
+        attachment = rt.attachment
         update = ShardUpdate(
             self._layout,
             active,
             hypers,
             staging=rt.store.staging_buffer if self._spec.staged else None,
             uploads=rt.uploads if self._spec.cuda else None,
+            scratch=rt.store.scratch_buffer if self._layout.encoded else None,
+            workers=self._knobs.codec_threads(streaming=streams, behind=attachment is not None),
         )
         update.step_counts()
         rt.step_count += 1
         progress = rt.progress()  # what this step's commit records, as of now
-        streams = any(not rt.store.is_resident(i) for i in update.shards)
-        attachment = rt.attachment
         if attachment is None:
             threads = intra_op_threads(self._knobs.streaming_threads if streams else None)
             rt.run_step(update.shards, update, threads=threads, progress=progress)
@@ -606,10 +625,21 @@ class TieredAdamW(torch.optim.Optimizer):
 
         ``shards`` limits the visit to those shard indices. Disk shards stream
         through the arena, so this needs no RAM beyond the budget; ``flat`` is
-        valid only during the call. See :mod:`tierstore.access`.
+        valid only during the call. In a compressed ``moment_dtype`` ``flat``
+        holds the decoded values (in the optimizer's decode scratch). See
+        :mod:`tierstore.access`.
         """
         rt = self._runtime()
         order = range(len(self._layout.shards)) if shards is None else shards
+        layout = self._layout
+        if layout.encoded:
+            inner, threads = visit, self._knobs.codec_threads(streaming=False, behind=False)
+
+            def visit(shard: ShardSpec, extent: Tensor) -> None:
+                wide = rt.store.scratch_buffer()[: layout.wide_nbytes(shard) // 4]
+                layout.decode_shard(shard, extent, wide, threads=threads)
+                inner(shard, wide)
+
         rt.pipeline.run(order, visit, write=False)
 
     def replace_shards(
@@ -623,21 +653,29 @@ class TieredAdamW(torch.optim.Optimizer):
     ) -> None:
         """Overwrite the whole state, shard by shard, and commit it.
 
-        ``fill(shard, flat)`` must set every element of ``flat`` (it arrives
-        with stale bytes). Master elements of parameters not in
-        ``masters_given`` are then seeded from the parameters; parameters in it
-        take their (loaded) master value. ``param_steps`` replaces every step
-        count (parameters absent from it have no state, as after construction);
-        ``groups`` replaces the groups' hyperparameters; ``step_count`` the
-        optimizer's. See :mod:`tierstore.access`.
+        ``fill(shard, flat)`` must set every element of ``flat`` (fp32 values of
+        every field; it arrives with stale bytes). In a compressed
+        ``moment_dtype`` the values are then encoded into the shard. Master
+        elements of parameters not in ``masters_given`` are then seeded from
+        the parameters; parameters in it take their (loaded) master value.
+        ``param_steps`` replaces every step count (parameters absent from it
+        have no state, as after construction); ``groups`` replaces the groups'
+        hyperparameters; ``step_count`` the optimizer's. See :mod:`tierstore.access`.
         """
         rt = self._runtime()
         given = masters_given or set()
-        sync = master_sync(self._layout, self._params, to_params=given.__contains__)
+        layout = self._layout
+        sync = master_sync(layout, self._params, to_params=given.__contains__)
+        threads = self._knobs.codec_threads(streaming=False, behind=False)
 
-        def fill_and_sync(shard: ShardSpec, flat: Tensor) -> None:
-            fill(shard, flat)
-            sync(shard, flat)
+        def fill_and_sync(shard: ShardSpec, extent: Tensor) -> None:
+            if layout.encoded:
+                wide = rt.store.scratch_buffer()[: layout.wide_nbytes(shard) // 4]
+                fill(shard, wide)
+                layout.encode_shard(shard, wide, extent, threads=threads)
+            else:
+                fill(shard, extent)
+            sync(shard, extent)
 
         with rt.mutation():
             if step_count is not None:
@@ -776,8 +814,13 @@ class TieredAdamW(torch.optim.Optimizer):
         commits), bytes read and written to the drive, and whether a commit started."""
         return self._rt.last_run if self._rt is not None else None
 
+    @property
+    def moment_dtype(self) -> str:
+        """How the moments are stored: ``"float32"``, ``"bfloat16"`` or ``"int8"``."""
+        return self._format.name
+
     def describe(self) -> str:
-        """One line: parameters, state size, and where it lives."""
+        """One line: parameters, state size (and its moment format when compressed), and where it lives."""
         p = self._plan
         files = ""
         if self.disk_bytes:
@@ -788,8 +831,14 @@ class TieredAdamW(torch.optim.Optimizer):
             files += f"; pinned {format_size(pins.pinned_bytes)}"
         if pins is not None and pins.fallback is not None and pins.pageable_bytes:
             files += f"; {format_size(pins.pageable_bytes)} pageable (pinning failed)"
+        fmt = ""
+        if self._layout.encoded:
+            fmt = (
+                f" ({self._format.name} moments, {self._layout.bytes_per_element:.3g} B/param; "
+                f"decode scratch {format_size(p.scratch_nbytes)})"
+            )
         return (
-            f"{self._layout.trainable_numel:,} trainable params, state {format_size(p.state_nbytes)} in "
+            f"{self._layout.trainable_numel:,} trainable params, state {format_size(p.state_nbytes)}{fmt} in "
             f"{len(self._layout.shards)} shards: {len(p.resident)} resident ({format_size(p.resident_nbytes)}), "
             f"{len(p.disk_shards)} streamed from disk ({format_size(p.disk_nbytes)}), arena {p.arena_slots} x "
             f"{format_size(p.slot_nbytes)}{files}"

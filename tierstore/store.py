@@ -189,6 +189,7 @@ class ShardStore:
         self._resident: HostBuffer | None = None
         self._arena: HostBuffer | None = None
         self._staging: HostBuffer | None = None
+        self._scratch: HostBuffer | None = None
         self._dirty_copies: set[int] = set()
         self._dirty_lock = threading.Lock()
         self._created: list[Path] = []
@@ -230,6 +231,8 @@ class ShardStore:
             self._resident = HostBuffer(self.plan.resident_nbytes, pin=self.pin, pins=self.pins)
             self._arena = HostBuffer(self.plan.arena_nbytes, pin=self.pin, pins=self.pins)
             self._staging = HostBuffer(self.plan.staging_nbytes, pin=self.pin, pins=self.pins)
+            # Decode scratch never crosses to a GPU: not pinned.
+            self._scratch = HostBuffer(self.plan.scratch_nbytes, pin=False)
             if committed is not None:
                 if len(committed) != len(self.entries):
                     raise CorruptStateError(
@@ -286,7 +289,7 @@ class ShardStore:
         for f in self.files:
             f.close()
         self.files = []
-        for name in ("_resident", "_arena", "_staging"):
+        for name in ("_resident", "_arena", "_staging", "_scratch"):
             buf = getattr(self, name)
             if buf is not None:
                 buf.close()
@@ -312,7 +315,11 @@ class ShardStore:
         return self.entries[index].tier == "ram"
 
     def resident_buffer(self, index: int) -> torch.Tensor:
-        """The fp32 elements of resident shard ``index`` (all its fields, back to back)."""
+        """The extent of resident shard ``index`` (all its fields as stored), as 32-bit words.
+
+        In ``"float32"`` these are the fields' fp32 values back to back; in a
+        compressed format, see :meth:`~tierstore.layout.Layout.stored_field`.
+        """
         self._require_open()
         assert self._resident is not None
         start = self._resident_offset[index]
@@ -324,7 +331,7 @@ class ShardStore:
         return self._resident.view[start : start + self.entries[index].nbytes]
 
     def slot_buffer(self, slot: int, nbytes: int | None = None) -> torch.Tensor:
-        """The fp32 elements of arena slot ``slot`` (its first ``nbytes`` bytes)."""
+        """Arena slot ``slot`` (its first ``nbytes`` bytes) as 32-bit words, like :meth:`resident_buffer`."""
         self._require_open()
         assert self._arena is not None
         start = slot * self.plan.slot_nbytes
@@ -334,6 +341,12 @@ class ShardStore:
         assert self._arena is not None
         start = slot * self.plan.slot_nbytes
         return self._arena.view[start : start + nbytes]
+
+    def scratch_buffer(self) -> torch.Tensor:
+        """The fp32 scratch a compressed format's shards are decoded into (empty for ``"float32"``)."""
+        self._require_open()
+        assert self._scratch is not None
+        return self._scratch.tensor[: self.plan.scratch_nbytes].view(torch.float32)
 
     def staging_buffer(self, which: int = 0) -> torch.Tensor:
         """Staging buffer ``which`` as fp32, as large as the largest shard."""
