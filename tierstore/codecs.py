@@ -340,8 +340,10 @@ def _int8_tables(kind: str) -> _Int8Tables:
 
     # Every value of a bucket has the code of the bucket's first pattern (the
     # boundaries are on the bucket grid): one lookup per element, no comparison.
-    first = (np.arange(_BUCKETS, dtype=np.uint32) << BUCKET_SHIFT).view(np.float32)
-    nearest = _nearest_codes(signed, boundaries, first)
+    nearest = np.empty(_BUCKETS, np.uint8)
+    for lo in range(0, _BUCKETS, 1 << 16):  # in pieces: the temporaries stay small (peak RSS)
+        first = (np.arange(lo, lo + (1 << 16), dtype=np.uint32) << BUCKET_SHIFT).view(np.float32)
+        nearest[lo : lo + (1 << 16)] = _nearest_codes(signed, boundaries, first)
     assert np.array_equal(_nearest_codes(signed, boundaries, values), np.arange(255)), "a map value moved"
     return _Int8Tables(
         signed=signed,

@@ -29,7 +29,7 @@ so the *default* planners work:
   state); ``load_state_dict`` then streams it into the shards and commits.
 
 Peak RAM beyond ``ram_budget``: saving, the shard cache (``cache_bytes``,
-default two arena slots) plus one block; with
+default two shards in fp32: two arena slots in ``"float32"``) plus one block; with
 ``FileSystemWriter(single_file_per_rank=True)`` (the default writer) torch
 also keeps the last block of every (parameter, field) referenced until the
 rank's file is complete, so pass ``single_file_per_rank=False`` to stay
@@ -347,7 +347,7 @@ class _Session:
         missing = [s for s in wanted if s not in self._shards]
         if not missing:
             return
-        slot = self.layout.slot_nbytes
+        slot = self.layout.wide_slot_nbytes  # a cached shard: every field in fp32
         while self._shards and (len(self._shards) + len(missing)) * slot > self.cache_bytes:
             victim = next((s for s in self._shards if s not in wanted), None)
             if victim is None:
@@ -443,7 +443,7 @@ class TieredStateful:
         state by parameter FQN as ``get_optimizer_state_dict`` does; ``None``
         keys it by parameter index.
     cache_bytes
-        RAM for shards kept between save requests. ``None``: two arena slots.
+        RAM for shards kept between save requests (in fp32). ``None``: two shards.
 
     Raises
     ------
@@ -500,7 +500,7 @@ class TieredStateful:
         """
         opt = self.opt
         opt.check_usable()
-        cache = 2 * opt.layout.slot_nbytes if self.cache_bytes is None else self.cache_bytes
+        cache = 2 * opt.layout.wide_slot_nbytes if self.cache_bytes is None else self.cache_bytes
         session = _Session(opt, self._parts(), cache)
         self.stats = session.stats  # the session itself goes when DCP drops the dict (and its cache)
         state: dict[str, dict[str, Any]] = {}

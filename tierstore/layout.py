@@ -305,6 +305,11 @@ class Layout:
         return self._capacity(shard) * STATE_ITEMSIZE * len(self.fields)
 
     @property
+    def wide_slot_nbytes(self) -> int:
+        """Bytes of the largest shard's wide (all-fp32) form."""
+        return self.max_capacity * STATE_ITEMSIZE * len(self.fields)
+
+    @property
     def slot_nbytes(self) -> int:
         """Bytes an arena slot needs to hold any shard's extent."""
         return self.extent_nbytes(self.max_capacity) if self.shards else 0

@@ -642,6 +642,17 @@ class TieredAdamW(torch.optim.Optimizer):
 
         rt.pipeline.run(order, visit, write=False)
 
+    def visit_stored(self, visit: ShardVisit, shards: Iterable[int] | None = None) -> None:
+        """Call ``visit(shard, extent)`` with every shard's stored bytes, read-only.
+
+        ``extent`` holds the shard's fields as stored (the moments in
+        :attr:`moment_dtype`), see :meth:`~tierstore.layout.Layout.stored_field`;
+        in ``"float32"`` it is what :meth:`visit_shards` gives. See :mod:`tierstore.access`.
+        """
+        rt = self._runtime()
+        order = range(len(self._layout.shards)) if shards is None else shards
+        rt.pipeline.run(order, visit, write=False)
+
     def replace_shards(
         self,
         fill: ShardVisit,
@@ -650,8 +661,12 @@ class TieredAdamW(torch.optim.Optimizer):
         groups: list[dict[str, Any]] | None = None,
         masters_given: set[int] | None = None,
         step_count: int | None = None,
+        stored: bool = False,
     ) -> None:
         """Overwrite the whole state, shard by shard, and commit it.
+
+        With ``stored=True``, ``fill(shard, extent)`` writes the shard's stored
+        bytes (every byte of the extent, moments in :attr:`moment_dtype`).
 
         ``fill(shard, flat)`` must set every element of ``flat`` (fp32 values of
         every field; it arrives with stale bytes). In a compressed
@@ -669,7 +684,7 @@ class TieredAdamW(torch.optim.Optimizer):
         threads = self._knobs.codec_threads(streaming=False, behind=False)
 
         def fill_and_sync(shard: ShardSpec, extent: Tensor) -> None:
-            if layout.encoded:
+            if layout.encoded and not stored:
                 wide = rt.store.scratch_buffer()[: layout.wide_nbytes(shard) // 4]
                 fill(shard, wide)
                 layout.encode_shard(shard, wide, extent, threads=threads)
