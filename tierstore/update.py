@@ -249,7 +249,8 @@ class ShardUpdate:
             self._kernel(work, staging, master, moments, 0, shard.capacity)
         crash_point("mid-update")
         if master is not None:
-            self._write_params(work, master)
+            # A compressed update gave CPU parameters their values chunk by chunk already.
+            self._write_params(work, master, cpu=not layout.encoded)
 
     def _kernel(
         self,
@@ -259,14 +260,18 @@ class ShardUpdate:
         moments: Mapping[str, Tensor],
         lo: int,
         hi: int,
+        *,
+        params_out: bool = False,
     ) -> None:
         """The fused kernel on the pieces of ``work`` inside shard elements ``[lo, hi)``.
 
         ``moments[field]`` holds the fp32 moments of elements ``[lo, hi)``
         (the whole shard when ``lo == 0``). Gradients that need staging are
-        staged here, piece by piece.
+        staged here, piece by piece. ``params_out``: CPU parameters then take
+        their pieces of the updated master (while it is in the cache).
         """
         buckets: dict[int, tuple[list[Tensor], ...]] = {}
+        outs: list[tuple[Tensor, Tensor]] = []
         for seg, a in work:
             s0, s1 = max(seg.shard_offset, lo), min(seg.shard_offset + seg.length, hi)
             if s0 >= s1:
@@ -279,6 +284,8 @@ class ShardUpdate:
                     staging[s0:s1].copy_(grad)
                 grad = staging[s0:s1]
             target = master[s0:s1] if master is not None else a.param[p0:p1]
+            if params_out and master is not None and not a.cuda:
+                outs.append((a.param[p0:p1], target))
             bucket = buckets.setdefault(a.group, ([], [], [], [], [], []))
             bucket[0].append(target)
             bucket[1].append(grad)
@@ -290,6 +297,8 @@ class ShardUpdate:
         for group, (ps, gs, ms, vs, maxs, steps) in buckets.items():
             hyper = self.hypers[group]
             adamw(ps, gs, ms, vs, maxs if hyper.amsgrad else [], steps, **hyper.kernel_kwargs())
+        for param, value in outs:
+            param.copy_(value)
 
     def _update_encoded(
         self,
@@ -319,7 +328,7 @@ class ShardUpdate:
                 codes, scales = stored[f]
                 blocks = None if scales is None else scales[lo // bn : -(-hi // bn)]
                 codecs.decode_chunk(fmt, f, codes[lo:hi], blocks, moments[f], temp=temp)
-            self._kernel(work, staging, master, moments, lo, hi)
+            self._kernel(work, staging, master, moments, lo, hi, params_out=True)
             for f in fields:
                 codes, scales = stored[f]
                 blocks = None if scales is None else scales[lo // bn : -(-hi // bn)]
@@ -348,13 +357,13 @@ class ShardUpdate:
         for dst, s0, s1 in pending:
             staging[s0:s1].copy_(dst)
 
-    def _write_params(self, work: list[tuple[Any, ActiveParam]], master: Tensor) -> None:
-        """Give each parameter its updated master values, cast to its dtype."""
+    def _write_params(self, work: list[tuple[Any, ActiveParam]], master: Tensor, *, cpu: bool = True) -> None:
+        """Give each parameter its updated master values, cast to its dtype (``cpu=False``: CUDA ones only)."""
         cuda_work = []
         for seg, a in work:
             if a.cuda:
                 cuda_work.append((seg, a))
-            else:
+            elif cpu:
                 a.param[seg.param_slice].copy_(master[seg.shard_slice])
         if not cuda_work:
             return
