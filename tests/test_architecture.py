@@ -46,7 +46,7 @@ LAYERS: dict[str, int] = {
     "benchmarks.codec_adamw": 12, "benchmarks.codec_speed": 12, "benchmarks.convergence": 12,
     # 14: test kits, over the public face
     "testing": 14, "testing.backend": 14, "testing.crash": 14, "testing.distributed": 14,
-    "testing.fsimage": 14, "testing.fsrecord": 14, "testing.powercut": 14, "testing.memory": 14,
+    "testing.fsimage": 14, "testing.formats": 14, "testing.fsrecord": 14, "testing.powercut": 14, "testing.memory": 14,
 }  # fmt: skip
 
 

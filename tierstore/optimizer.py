@@ -31,6 +31,7 @@ from torch import Tensor
 
 from .access import ShardVisit
 from .budget import TierPlan, plan_tiers
+from .codecs import moment_format
 from .commit_policy import CommitPolicy
 from .dtensor import local_tensor, placed_like
 from .dynamo import disable_dynamo
@@ -213,7 +214,7 @@ class TieredAdamW(torch.optim.Optimizer):
         )
         if shard_numel is not None:
             check_int("shard_numel", shard_numel, 1)
-        self._format = layout_format(moment_dtype)
+        self._format = layout_format(moment_format(moment_dtype))  # None is an error here, not the default
         Journal.check_arguments(state_dir, durable=durable, resume=resume)
         policy = CommitPolicy.parse(commit_every)
         defaults = dict(lr=lr, betas=scalar_betas(betas), eps=eps, weight_decay=weight_decay)
