@@ -84,3 +84,36 @@ def test_codec_speed_small():
     assert set(result["summary"]) == {"float32", "int8-stochastic"}
     assert result["summary"]["int8-stochastic"]["bytes_per_param"] == 4 + 2 * (1 + 4 / 256)
     assert all(v > 0 for v in result["params_per_s"].values())
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8"])
+def test_the_stand_in_equals_tiered_adamw_bit_for_bit_on_the_demo_model(fmt):
+    """The convergence figures the stand-in measured (codec variants) and TieredAdamW's (formats)
+    come from the same math: on a few demo-model steps, with the benchmark's schedule and
+    clipping, both give the same losses and weights bit for bit."""
+    from tierstore import TieredAdamW
+
+    runs = []
+    for make in (
+        lambda ps: CodecAdamW(ps, lr=3e-3, weight_decay=0.1, moment_dtype=fmt),
+        lambda ps: TieredAdamW(ps, lr=3e-3, weight_decay=0.1, moment_dtype=fmt),
+    ):
+        model = convergence.build_model("demo", context=16, small=True)
+        params = list(model.parameters())
+        opt = make(params)
+        stream = convergence.BatchStream(convergence.load_corpus(), context=16, batch_size=2, seed=0)
+        losses = []
+        for step in range(6):
+            x, y = stream.batch(step)
+            loss = model.loss(x, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, convergence.CLIP_NORM)
+            convergence._set_lr(opt, convergence.lr_at(step, 6, 3e-3))
+            opt.step()
+            losses.append(loss.item())
+        runs.append((losses, [p.detach().clone() for p in params]))
+        if hasattr(opt, "close"):
+            opt.close()
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))

@@ -1,8 +1,9 @@
 """A stand-in for ``TieredAdamW(moment_dtype=...)``: AdamW with moments kept encoded.
 
-Until the formats are integrated into :class:`~tierstore.TieredAdamW`, the
-convergence benchmark trains with this small optimizer, which does exactly the
-one math the integration will do: the trainable parameters are laid out with
+The convergence benchmark trains codec *variants* that are not state formats
+(stochastic rounding, an int8 second moment without the square root) with
+this small optimizer, which does the one math ``TieredAdamW`` does (and
+equals it bit for bit on the registered formats): the trainable parameters are laid out with
 :class:`~tierstore.layout.Layout` (the same flat space, shards and segments),
 and per shard each moment field is decoded into fp32 scratch
 (:func:`tierstore.codecs.decode`), updated in place by the fused kernel
@@ -70,7 +71,9 @@ class CodecAdamW(torch.optim.Optimizer):
         self.format = codecs.moment_format(moment_dtype)
         self.seed = seed
         group = self.param_groups[0]["params"]
-        self.layout = Layout.build([group], shard_numel=shard_numel, fields=FIELDS)
+        # The layout TieredAdamW builds for this format (int8 blocks start at parameters).
+        registered = "int8" if self.format.block_numel else None
+        self.layout = Layout.build([group], shard_numel=shard_numel, fields=FIELDS, moment_dtype=registered)
         self.encoded = {
             (s.index, f): torch.zeros(self.format.encoded_nbytes(s.capacity), dtype=torch.uint8)
             for s in self.layout.shards

@@ -10,9 +10,11 @@ windows of the held-out slice.
 
 Contenders: ``torch.optim.AdamW(fused=True)`` (fp32, the baseline),
 torchao's and bitsandbytes' ``AdamW8bit`` (on the CPU), and our formats
-(``ours-<format>[-<rounding>][-raw]``), run through ``TieredAdamW(moment_dtype=...)``
-once it accepts that argument and through the stand-in
-:class:`~tierstore.benchmarks.codec_adamw.CodecAdamW` until then.
+(``ours-<format>[-<rounding>][-raw]``): the registered formats run through
+``TieredAdamW(moment_dtype=...)``, codec variants (stochastic rounding, an
+int8 second moment without the square root) through the stand-in
+:class:`~tierstore.benchmarks.codec_adamw.CodecAdamW`, which does the same
+math (and equals ``TieredAdamW`` bit for bit on the registered formats).
 
 Example
 -------
@@ -26,10 +28,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 import math
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -118,14 +118,10 @@ def make_optimizer(
         fmt = our_format(name)
         from ..optimizer import TieredAdamW
 
-        if "moment_dtype" in inspect.signature(TieredAdamW.__init__).parameters:
-            state_dir = tempfile.mkdtemp(prefix="tierstore-convergence-")
-            try:
-                opt = TieredAdamW(params, lr=lr, weight_decay=weight_decay, moment_dtype=fmt.name, state_dir=state_dir)
-                return opt, f"TieredAdamW(moment_dtype={fmt.name!r})", state_dir
-            except ConfigError:  # this variant is not a TieredAdamW format: the stand-in runs it
-                shutil.rmtree(state_dir, ignore_errors=True)
-        # Until TieredAdamW takes moment_dtype: the stand-in doing the same math.
+        if codecs.FORMATS.get(fmt.name) == fmt:  # a state format: the real optimizer (all state in RAM)
+            opt = TieredAdamW(params, lr=lr, weight_decay=weight_decay, moment_dtype=fmt.name)
+            return opt, f"TieredAdamW(moment_dtype={fmt.name!r})", None
+        # A codec variant (stochastic rounding, raw second moment): the stand-in doing the same math.
         return CodecAdamW(params, lr=lr, weight_decay=weight_decay, moment_dtype=fmt), f"stand-in CodecAdamW({fmt})", None
     raise ConfigError(f"contender {name!r} is unknown")
 
