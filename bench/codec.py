@@ -5,7 +5,7 @@ interleaved round by round with ``copy_`` and the fused AdamW update, so the
 ratios hold on a noisy machine. RAM: about 40 bytes x --numel (4 Mi elements:
 ~170 MiB). Disk: none.
 
-    python bench/codec.py --numel 4Mi --rounds 9 --json /tmp/codec.json
+    python bench/codec.py --numel 4Mi --rounds 9 --dir /mnt/nvme/scratch --json /tmp/codec.json
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from tierstore.benchmarks import codec_speed
 from tierstore.benchmarks.report import machine_info
 
-DEFAULT_FORMATS = "float32,bfloat16-nearest,bfloat16-stochastic,int8-nearest,int8-stochastic"
+DEFAULT_FORMATS = "float32,bfloat16,int8,bfloat16-stochastic,int8-stochastic"
 
 
 def _count(text: str) -> int:
@@ -36,10 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--threads", type=int, default=None, help="default: torch.get_num_threads()")
     ap.add_argument("--formats", default=DEFAULT_FORMATS)
+    ap.add_argument("--dir", default=None, help="also measure this directory's drive (raw O_DIRECT, 12 B x --numel)")
     ap.add_argument("--json", required=True, help="where to write the JSON")
     args = ap.parse_args(argv)
     result = codec_speed.measure(
-        numel=_count(args.numel), rounds=args.rounds, formats=args.formats.split(","), threads=args.threads
+        numel=_count(args.numel), rounds=args.rounds, formats=args.formats.split(","), threads=args.threads,
+        drive=args.dir,
     )
     result = {"tool": "bench/codec.py", "argv": sys.argv, "machine": machine_info(),
               "torch_threads": torch.get_num_threads(), **result}
@@ -49,11 +51,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{result['numel']} elements, {result['threads']} threads, median of {result['rounds']} rounds (M params/s)")
     for name, value in per_s.items():
         print(f"  {name:36s} {value / 1e6:9.1f}   {value / per_s['adamw']:6.2f}x adamw")
-    print("per format, a step's codec work (decode + encode of both moments):")
+    print("per format, a step's codec work (decode + encode of both moments), the whole update, the drive:")
     for name, row in result["summary"].items():
         drives = "  ".join(f"{g} GB/s: {row[f'drive_{g}GBps_params_per_s'] / 1e6:.0f}" for g in codec_speed.DRIVE_GBPS)
-        print(f"  {name:22s} {row['codec_params_per_s'] / 1e6:8.1f} M/s = {row['codec_over_adamw']:5.2f}x adamw; "
-              f"drive-bound M params/s at {drives} ({row['bytes_per_param']:.2f} B/param each way)")
+        update = f"update {row['update_params_per_s'] / 1e6:.0f} M/s; " if "update_params_per_s" in row else ""
+        measured = (f"; this drive: {row['drive_measured_params_per_s'] / 1e6:.0f}"
+                    if "drive_measured_params_per_s" in row else "")
+        print(f"  {name:22s} codec {row['codec_params_per_s'] / 1e6:8.1f} M/s = {row['codec_over_adamw']:5.2f}x adamw; "
+              f"{update}drive-bound M params/s at {drives}{measured} ({row['bytes_per_param']:.2f} B/param each way)")
+    if "drive" in result:
+        d = result["drive"]
+        print(f"drive under {d['dir']}: read {d['read_GBps']:.2f} GB/s, write {d['write_GBps']:.2f} GB/s (raw O_DIRECT, same run)")
     return 0
 
 

@@ -659,7 +659,7 @@ def plan_memory(
         durable=bool(durable),
         moment_dtype=spec.moment_format.name,
         fields=fields,
-        state_bytes_per_param=layout.bytes_per_element,
+        state_bytes_per_param=int(bpe) if (bpe := layout.bytes_per_element) == int(bpe) else bpe,
         shard_numel=layout.shard_numel,
         shards=len(layout.shards),
         prefetch_depth=prefetch_depth,

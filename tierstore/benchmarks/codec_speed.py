@@ -10,11 +10,19 @@ the ratios hold on a machine whose speed drifts. Reported in elements
   param, exp_avg, exp_avg_sq; reads the gradient);
 - per format and field: ``decode`` and ``encode``.
 
+- per format, ``update/<format>``: a whole step of ``TieredAdamW(moment_dtype=...,
+  keep_master=True)`` over ``numel`` resident parameters: the one math as the
+  optimizer runs it (decode, fused kernel, encode, masters into the
+  parameters, chunk by chunk on ``threads`` workers), no I/O.
+
 ``summary`` gives per format the params/s of a whole step's codec work (decode
-both moments, encode both moments) and its ratio to the fused kernel, plus the
-params/s a drive of 0.5, 1 and 2 GB/s allows for that format's bytes (master
-fp32 + both moments, read and written), so one can see whether the codec or
-the drive bounds a streamed step.
+both moments, encode both moments) and its ratio to the fused kernel, the
+update's params/s, and the params/s a drive of 0.5, 1 and 2 GB/s allows for
+that format's bytes (master fp32 + both moments, read and written), so one can
+see whether the CPU or the drive bounds a streamed step. With ``drive`` (a
+directory), the drive itself is measured in the same run (raw ``O_DIRECT``
+reads and writes of a file of the float32 state's size, :mod:`.floor`) and
+each format's drive-bound params/s is given beside its update's.
 
 Example
 -------
@@ -48,7 +56,8 @@ def _format(name: str) -> codecs.MomentFormat:
 
 
 def measure(
-    *, numel: int, rounds: int, formats: list[str], threads: int | None = None
+    *, numel: int, rounds: int, formats: list[str], threads: int | None = None, update: bool = True,
+    drive: str | None = None,
 ) -> dict[str, Any]:
     """Median elements/s of each contender (see the module docstring)."""
     threads = threads or torch.get_num_threads()
@@ -78,14 +87,41 @@ def measure(
             contenders[f"{name}/{field}/encode"] = (
                 lambda fmt=fmt, field=field, buf=buf: codecs.encode(fmt, field, moments[field], buf, key=key, threads=threads)
             )
+    optimizers = []
+    if update:
+        from ..optimizer import TieredAdamW
+
+        for name in formats:
+            if codecs.FORMATS.get(name) is None:
+                continue  # a codec variant is not a state format
+            p = torch.nn.Parameter(param.clone())
+            p.grad = grad
+            opt = TieredAdamW([p], lr=1e-9, keep_master=True, moment_dtype=name, update_threads=threads)
+            optimizers.append(opt)
+            contenders[f"update/{name}"] = opt.step
+    floor = None
+    if drive is not None:
+        floor = _drive(drive, numel)
+        contenders["drive"] = floor.step
     torch.set_num_threads(threads)  # the fused kernel and copy use the same thread count
     scratch.copy_(moments["exp_avg"])
     seconds: dict[str, list[float]] = {k: [] for k in contenders}
-    for _ in range(rounds + 1):  # round 0 warms up and is dropped
-        for name, call in contenders.items():
-            t0 = time.perf_counter()
-            call()
-            seconds[name].append(time.perf_counter() - t0)
+    reads, writes = [], []
+    try:
+        for _ in range(rounds + 1):  # round 0 warms up and is dropped
+            for name, call in contenders.items():
+                t0 = time.perf_counter()
+                out = call()
+                seconds[name].append(time.perf_counter() - t0)
+                if name == "drive":
+                    reads.append(out["read_s"])
+                    writes.append(out["write_s"])
+    finally:
+        for opt in optimizers:
+            opt.close()
+        if floor is not None:
+            floor.close()
+    seconds.pop("drive", None)
     per_s = {k: numel / statistics.median(v[1:] if len(v) > 1 else v) for k, v in seconds.items()}
     summary: dict[str, Any] = {}
     for name in formats:
@@ -98,4 +134,29 @@ def measure(
             "bytes_per_param": state_bytes,
             **{f"drive_{g}GBps_params_per_s": g * 1e9 / (2 * state_bytes) for g in DRIVE_GBPS},
         }
-    return {"numel": numel, "rounds": rounds, "threads": threads, "params_per_s": per_s, "summary": summary}
+        if f"update/{name}" in per_s:
+            summary[name]["update_params_per_s"] = per_s[f"update/{name}"]
+    result = {"numel": numel, "rounds": rounds, "threads": threads, "params_per_s": per_s, "summary": summary}
+    if floor is not None:
+        nbytes = floor.nbytes
+        read_gbps = nbytes / statistics.median(reads[1:] or reads) / 1e9
+        write_gbps = nbytes / statistics.median(writes[1:] or writes) / 1e9
+        result["drive"] = {"dir": drive, "bytes": nbytes, "read_GBps": read_gbps, "write_GBps": write_gbps}
+        for name, row in summary.items():
+            # Reads and writes share the drive: a param's bytes read, then written.
+            row["drive_measured_params_per_s"] = 1 / (row["bytes_per_param"] / (read_gbps * 1e9)
+                                                      + row["bytes_per_param"] / (write_gbps * 1e9))
+    return result
+
+
+def _drive(directory: str, numel: int) -> Any:
+    """A raw floor over a file the size of ``numel`` parameters' float32 state (12 B/param), for bandwidths."""
+    import os
+    from pathlib import Path
+
+    from ..backends import supports_direct_io
+    from .floor import RawFloor
+
+    nbytes = -(-numel * 12 // (8 << 20)) * (8 << 20)
+    path = Path(directory) / f".tierstore-codec-drive-{os.getpid()}.bin"
+    return RawFloor(path, nbytes, request_bytes=8 << 20, depth=4, mode="serial", direct=supports_direct_io(Path(directory))).open()
