@@ -170,7 +170,7 @@ class Runtime:
         if shards:
             commit_bytes = self.journal.stats.resident_bytes - resident_before
             self.last_run = StepStats(
-                **dataclasses.asdict(run),
+                **{f.name: getattr(run, f.name) for f in dataclasses.fields(run)},  # shallow: no deep copies
                 committed=committed,
                 commit_bytes=commit_bytes,
                 drive_bytes=run.bytes_written + commit_bytes,
