@@ -32,7 +32,7 @@ LAYERS: dict[str, int] = {
     # 6: the shard store and what moves shards
     "store": 6, "pipeline": 7, "statedir": 6, "journal": 7, "reader": 7,
     # 8: one step's update and the running machinery
-    "update": 8, "overlap": 8, "grad_offload": 5, "runtime": 9, "access": 8,
+    "update": 8, "overlap": 8, "grad_offload": 5, "runtime": 9, "startup": 9, "access": 8,
     # 10: adapters over the access protocol
     "checkpoint": 10, "dcp": 10,
     # 11: the front

@@ -77,8 +77,8 @@ class Progress:
 
     @classmethod
     def capture(cls, step_count: int, param_steps: Sequence[float | None], groups: Sequence[dict[str, Any]]) -> Progress:
-        """A snapshot: copies of the steps, and the groups encoded as the manifest keeps them."""
-        return cls(int(step_count), tuple(param_steps), tuple(manifest_mod.encode_groups(groups)))
+        """A snapshot: copies of the steps and of the groups' hyperparameters (encoded when a manifest is written)."""
+        return cls(int(step_count), tuple(param_steps), tuple({k: v for k, v in g.items() if k != "params"} for g in groups))
 
 
 @dataclass

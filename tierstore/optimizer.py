@@ -30,24 +30,21 @@ import torch
 from torch import Tensor
 
 from .access import ShardVisit
-from .budget import TierPlan, plan_tiers
+from .budget import TierPlan
 from .codecs import moment_format
 from .commit_policy import CommitPolicy
-from .dtensor import local_tensor, placed_like
+from .dtensor import placed_like
 from .dynamo import disable_dynamo
-from .errors import BudgetError, ConfigError, ParamsChangedError
-from .grad_offload import DEFAULT_BUCKET_BYTES, GradientOffload
+from .errors import ConfigError, ParamsChangedError
+from .grad_offload import DEFAULT_BUCKET_BYTES
 from .hyper import GroupHyper, check_hyper, scalar_betas
 from .journal import Journal
 from .knobs import Knobs, check_int
 from .layout import Layout, ShardSpec, layout_format
-from .manifest import check_same_model, decode_group, saved_layout
-from .overlap import Attachment
-from .pipeline import ShardPipeline
 from .runtime import Runtime, StepStats
 from .sizes import format_size, parse_size
-from .spec import StateSpec, check_param_kinds, decide_for
-from .store import ShardStore
+from .spec import check_param_kinds
+from .startup import start
 from .torch_format import (
     GROUP_DEFAULTS,
     empty_state_dict,
@@ -57,7 +54,7 @@ from .torch_format import (
     param_steps,
     step_tensor,
 )
-from .update import ShardUpdate, gather, intra_op_threads, master_sync
+from .update import ShardUpdate, gather, master_sync
 
 log = logging.getLogger(__name__)
 
@@ -204,14 +201,8 @@ class TieredAdamW(torch.optim.Optimizer):
         self._rt: Runtime | None = None  # until construction succeeds; makes close() safe on failure
         check_hyper(lr, betas, eps, weight_decay)
         self._budget = None if ram_budget is None else parse_size(ram_budget, name="ram_budget")
-        self._knobs = Knobs(
-            backend=backend,
-            prefetch_depth=prefetch_depth,
-            io_workers=io_workers,
-            request_bytes=request_bytes,
-            update_threads=update_threads,
-            pin_memory=pin_memory,
-        )
+        self._knobs = Knobs(backend=backend, prefetch_depth=prefetch_depth, io_workers=io_workers,
+                            request_bytes=request_bytes, update_threads=update_threads, pin_memory=pin_memory)  # fmt: skip
         if shard_numel is not None:
             check_int("shard_numel", shard_numel, 1)
         self._format = layout_format(moment_format(moment_dtype))  # None is an error here, not the default
@@ -227,118 +218,13 @@ class TieredAdamW(torch.optim.Optimizer):
         self._params: list[Tensor] = [p for g in self.param_groups for p in g["params"]]
         check_param_kinds(self._params)
         journal = Journal.open(state_dir, resume=resume, resume_step=resume_step, durable=durable, policy=policy)
-        self._rt = self._start(journal, shard_numel=shard_numel, keep_master=keep_master, restore_params=restore_params)
+        started = start(journal, self.param_groups, self._params, self.state, knobs=self._knobs, ram_budget=self._budget,
+                        shard_numel=shard_numel, keep_master=keep_master, restore_params=restore_params,
+                        moment_dtype=self._format)  # fmt: skip
+        self._spec, self._layout, self._plan, self._rt = started.spec, started.layout, started.plan, started.runtime
         # Every copy of this object shares the runtime and this token; when the last
         # one is gone, the runtime closes (instead of a __del__ that a copy would run).
         self._owner = self._rt.owner()
-
-    # -- construction -------------------------------------------------
-    def _start(self, journal: Journal, *, shard_numel: int | None, keep_master: bool | None, restore_params: bool) -> Runtime:
-        """Lay the state out, open its store and bring it to its first (or resumed) commit."""
-        store = None
-        try:
-            self._build_layout(shard_numel, keep_master, journal)
-            if self._plan.disk_shards:
-                journal.use_private_dir()
-            knobs = self._knobs
-            store = ShardStore(
-                self._layout,
-                self._plan,
-                directory=journal.directory,
-                backend=knobs.backend,
-                io_workers=knobs.io_workers,
-                request_bytes=knobs.request_bytes,
-                pin=knobs.pin_memory,
-                durable=journal.durable,
-            )
-            journal.bind(store, self._layout, self._budget)
-            pipeline = ShardPipeline(store, prefetch_depth=knobs.prefetch_depth)
-            rt = Runtime(journal, store, pipeline, state=self.state, param_groups=self.param_groups, params=self._params)
-            self._open(rt, restore_params)
-        except BaseException:
-            if store is not None:
-                store.close()
-            journal.release(discard=True)
-            raise
-        return rt
-
-    def _build_layout(self, shard_numel: int | None, keep_master: bool | None, journal: Journal) -> None:
-        where = str(journal.directory)
-        old = saved_layout(journal.saved, where) if journal.saved else None
-        self._spec: StateSpec = decide_for(
-            self._params,
-            amsgrad=any(g["amsgrad"] for g in self.param_groups),
-            keep_master=keep_master,
-            arena_slots=self._knobs.arena_slots,
-            ram_budget=self._budget,
-            shard_numel=shard_numel,
-            saved=old,
-            moment_dtype=self._format,
-            workers=self._knobs.max_update_threads,
-        )
-        self._layout = Layout.build(
-            [[local_tensor(p) if p.requires_grad else p for p in g["params"]] for g in self.param_groups],
-            shard_numel=self._spec.shard_numel,
-            fields=self._spec.fields,
-            moment_dtype=self._spec.moment_format,
-        )
-        if old is not None:
-            check_same_model(old, self._layout, where)
-        try:
-            self._plan: TierPlan = plan_tiers(
-                self._layout,
-                ram_budget=self._budget,
-                arena_slots=self._spec.arena_slots,
-                staging_buffers=self._spec.staging_buffers,
-                workers=self._spec.workers,
-            )
-        except BudgetError as exc:
-            if old is None:
-                raise
-            raise BudgetError(
-                f"{exc}. Note: resuming, shard_numel={old.shard_numel} is fixed by the saved state; "
-                "to stream with smaller shards, save_checkpoint() and load_checkpoint() into a new "
-                "state_dir built with a smaller shard_numel"
-            ) from None
-
-    def _open(self, rt: Runtime, restore_params: bool) -> None:
-        """Open the store: fresh state is zeroed and committed; saved state is restored."""
-        saved = rt.journal.saved
-        if saved is None:
-            rt.store.open()
-            with rt.mutation():
-                self._init_shards(rt)
-                rt.commit()
-                if rt.journal.durable and rt.store.persists_anything:
-                    # Write the second copy too: both copies then hold verifiable
-                    # bytes, and later writes overwrite allocated blocks, which
-                    # runs about twice as fast as filling fresh ones.
-                    self._init_shards(rt)
-                    rt.commit()
-            return
-        rt.store.open(committed=saved["shards"])
-        rt.step_count = int(saved["step_count"])
-        for group, stored in zip(self.param_groups, saved["param_groups"]):
-            group.update(decode_group(stored))
-        for p, step in zip(self._params, saved["param_steps"]):
-            if step is not None:
-                self.state[p]["step"] = step_tensor(step)
-        if restore_params and self._spec.master:
-            rt.pipeline.run(range(len(self._layout.shards)), master_sync(self._layout, self._params, to_params=lambda i: True), write=False)
-        log.info("resumed %s at step %d", rt.journal.directory, rt.step_count)
-
-    def _init_shards(self, rt: Runtime) -> None:
-        """Zero every shard and seed the master copy from the parameters.
-
-        Zero bytes are zero moments in every format (int8: zero scales).
-        """
-        seed = master_sync(self._layout, self._params, to_params=lambda i: False)
-
-        def fill(shard: ShardSpec, flat: Tensor) -> None:
-            flat.zero_()
-            seed(shard, flat)
-
-        rt.pipeline.run(range(len(self._layout.shards)), fill, read=False)
 
     def _runtime(self, *, synchronize: bool = True) -> Runtime:
         """The open runtime, after the step running behind the loop (if any); raises if closed or failed."""
@@ -384,7 +270,7 @@ class TieredAdamW(torch.optim.Optimizer):
                 loss = closure()
         self._check_params()
         offload = rt.offload
-        if offload is not None and grad_scaler is not None and self._found_inf(grad_scaler, offload):
+        if offload is not None and grad_scaler is not None and offload.found_inf(grad_scaler, self):
             offload.consume()  # GradScaler skips this step: the gradients are spent
             return loss
         grads = offload.grads() if offload is not None else None
@@ -393,7 +279,7 @@ class TieredAdamW(torch.optim.Optimizer):
             offload.consume()
         amsgrad_field = self._spec.amsgrad
         hypers = [GroupHyper.of(g, amsgrad_field=amsgrad_field) for g in self.param_groups]
-        streams = any(not rt.store.is_resident(i) for i in self._layout.shards_of(active))
+        streams = self._layout.encoded and any(not rt.store.is_resident(i) for i in self._layout.shards_of(active))
         attachment = rt.attachment
         update = ShardUpdate(
             self._layout,
@@ -406,23 +292,7 @@ class TieredAdamW(torch.optim.Optimizer):
         )
         update.step_counts()
         rt.step_count += 1
-        progress = rt.progress()  # what this step's commit records, as of now
-        if attachment is None:
-            threads = intra_op_threads(self._knobs.streaming_threads if streams else None)
-            rt.run_step(update.shards, update, threads=threads, progress=progress)
-            return loss
-        # Behind the loop: the update runs on the attachment's thread, in first-use order.
-        order = attachment.order(update.shards)
-        threads = intra_op_threads(self._knobs.overlap_threads)
-
-        def run(done: Callable[[int], None]) -> None:
-            def visit(shard: ShardSpec, flat: Tensor) -> None:
-                update(shard, flat)
-                done(shard.index, update.upload_event)
-
-            rt.run_step(order, visit, threads=threads, progress=progress)
-
-        attachment.submit(order, run)
+        rt.schedule_step(update, progress=rt.progress(), knobs=self._knobs)  # progress: as of now
         return loss
 
     # -- behind the training loop (tierstore.overlap) -----------------
@@ -463,38 +333,11 @@ class TieredAdamW(torch.optim.Optimizer):
         >>> opt.synchronize(); opt.close()
         """
         rt = self._runtime()
-        rt.detach()
-        rt.attachment = Attachment(model, self._params, self._layout)
-        if self._spec.cuda:
-            rt.uploads.stream = torch.cuda.Stream()  # parameters go up beside the forward, not in its stream
-        if offload_grads is None:
-            offload_grads = self._spec.cuda
-        if offload_grads:
-            rt.offload = GradientOffload(self._params, bucket_bytes=grad_bucket_bytes, pin=self._knobs.pin_memory)
-            rt.offload.before_land = rt.attachment.wait_for_param
-            self._step_supports_amp_scaling = True  # GradScaler hands itself to step()
-        if rt.attachment.unattached:
-            log.warning(
-                "attach(%s): %d optimized parameters are not owned by it; a forward that uses them "
-                "waits (and warns), other reads need opt.synchronize()",
-                type(model).__name__,
-                len(rt.attachment.unattached),
-            )
+        offload = self._spec.cuda if offload_grads is None else bool(offload_grads)
+        rt.attach(model, self._params, self._layout, cuda=self._spec.cuda, offload_grads=offload,
+                  grad_bucket_bytes=grad_bucket_bytes, pin=self._knobs.pin_memory)  # fmt: skip
+        self._step_supports_amp_scaling = offload  # GradScaler then hands itself to step()
         return self
-
-    def _found_inf(self, scaler: Any, offload: GradientOffload) -> bool:
-        """GradScaler's unscale and inf check on the host gradients (once per step); True on an inf."""
-        from torch.amp.grad_scaler import OptState
-
-        state = scaler._per_optimizer_states[id(self)]
-        if state["stage"] is OptState.UNSCALED and not state["found_inf_per_device"]:
-            raise ConfigError(
-                "scaler.unscale_(opt) cannot see gradients offloaded to the host (param.grad is None); "
-                "call opt.unscale_(scaler) instead, then opt.clip_grad_norm_(max_norm) if you clip"
-            )
-        if state["stage"] is OptState.READY:
-            offload.unscale_(scaler, self)
-        return bool(sum(float(v) for v in state["found_inf_per_device"].values()))
 
     def clip_grad_norm_(
         self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False, foreach: bool | None = None

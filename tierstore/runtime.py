@@ -32,20 +32,23 @@ import dataclasses
 import logging
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
 
 from .errors import ClosedError, StepFailedError
 from .grad_offload import GradientOffload
 from .journal import Journal, Progress
+from .knobs import Knobs
+from .layout import Layout, ShardSpec
 from .overlap import Attachment
 from .pipeline import RunStats, ShardPipeline
 from .store import ShardStore
 from .torch_format import param_steps
-from .update import UploadBuffers
+from .update import ShardUpdate, UploadBuffers, intra_op_threads
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +173,7 @@ class Runtime:
         if shards:
             commit_bytes = self.journal.stats.resident_bytes - resident_before
             self.last_run = StepStats(
-                **dataclasses.asdict(run),
+                **{f.name: getattr(run, f.name) for f in dataclasses.fields(run)},  # shallow: no deep copies
                 committed=committed,
                 commit_bytes=commit_bytes,
                 drive_bytes=run.bytes_written + commit_bytes,
@@ -194,6 +197,53 @@ class Runtime:
             ) from self.failure
 
     # -- lifetime -----------------------------------------------------
+    def schedule_step(self, update: ShardUpdate, *, progress: Progress, knobs: Knobs) -> None:
+        """Run one step's update now, or behind the training loop when a model is attached."""
+        if self.attachment is None:
+            streams = any(not self.store.is_resident(i) for i in update.shards)
+            threads = intra_op_threads(knobs.streaming_threads if streams else None)
+            self.run_step(update.shards, update, threads=threads, progress=progress)
+            return
+        # Behind the loop: the update runs on the attachment's thread, in first-use order.
+        order = self.attachment.order(update.shards)
+        threads = intra_op_threads(knobs.overlap_threads)
+
+        def run(done: Callable[..., None]) -> None:
+            def visit(shard: ShardSpec, flat: Tensor) -> None:
+                update(shard, flat)
+                done(shard.index, update.upload_event)
+
+            self.run_step(order, visit, threads=threads, progress=progress)
+
+        self.attachment.submit(order, run)
+
+    def attach(
+        self,
+        model: nn.Module,
+        params: Sequence[Tensor],
+        layout: Layout,
+        *,
+        cuda: bool,
+        offload_grads: bool,
+        grad_bucket_bytes: int,
+        pin: bool | None,
+    ) -> None:
+        """Hook ``model`` so steps run behind the loop (and gradients leave the device, with ``offload_grads``)."""
+        self.detach()
+        attachment = self.attachment = Attachment(model, params, layout)
+        if cuda:
+            self.uploads.stream = torch.cuda.Stream()  # parameters go up beside the forward, not in its stream
+        if offload_grads:
+            self.offload = GradientOffload(params, bucket_bytes=grad_bucket_bytes, pin=pin)
+            self.offload.before_land = attachment.wait_for_param
+        if attachment.unattached:
+            log.warning(
+                "attach(%s): %d optimized parameters are not owned by it; a forward that uses them "
+                "waits (and warns), other reads need opt.synchronize()",
+                type(model).__name__,
+                len(attachment.unattached),
+            )
+
     def synchronize(self) -> None:
         """Wait for a step running behind the training loop; raise what it raised."""
         if self.attachment is not None:

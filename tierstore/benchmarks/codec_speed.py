@@ -142,7 +142,7 @@ def measure(
         read_gbps = nbytes / statistics.median(reads[1:] or reads) / 1e9
         write_gbps = nbytes / statistics.median(writes[1:] or writes) / 1e9
         result["drive"] = {"dir": drive, "bytes": nbytes, "read_GBps": read_gbps, "write_GBps": write_gbps}
-        for name, row in summary.items():
+        for row in summary.values():
             # Reads and writes share the drive: a param's bytes read, then written.
             row["drive_measured_params_per_s"] = 1 / (row["bytes_per_param"] / (read_gbps * 1e9)
                                                       + row["bytes_per_param"] / (write_gbps * 1e9))

@@ -51,6 +51,7 @@ import torch
 
 from ..backends import resolve_backend, supports_direct_io
 from ..errors import ConfigError
+from ..knobs import Knobs
 from ..layout import layout_format
 from ..sizes import format_size, parse_size
 from . import resources, rss, workload
@@ -76,9 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
     parser.add_argument("--backend", default="auto", help="disk backend(s), e.g. 'auto' or 'direct,mmap'")
     parser.add_argument("--shard-numel", type=float, default=None, help="elements per shard (default: TieredAdamW's)")
-    parser.add_argument("--prefetch-depth", type=int, default=2)
-    parser.add_argument("--io-workers", type=int, default=4)
-    parser.add_argument("--request-bytes", default="8MiB")
+    knobs = Knobs()  # TieredAdamW's own defaults
+    parser.add_argument("--prefetch-depth", type=int, default=knobs.prefetch_depth)
+    parser.add_argument("--io-workers", type=int, default=knobs.io_workers)
+    parser.add_argument("--request-bytes", default=format_size(knobs.request_bytes).replace(" ", ""))
     parser.add_argument("--keep-master", action="store_true", help="keep an fp32 master copy (12 B/param)")
     parser.add_argument(
         "--moment-dtype", default="float32",
