@@ -71,12 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", type=float, required=True, help="fp32 parameters, e.g. 2e8")
     parser.add_argument("--dir", required=True, help="a directory on the drive under test")
     parser.add_argument("--budget", type=float, default=1 / 8, help="ram_budget as a share of the float32 state")
-    parser.add_argument("--formats", default=",".join(FORMATS), help="moment_dtype values, the first is the baseline")
+    parser.add_argument("--formats", default=",".join(FORMATS),
+                        help="moment_dtype values, the first is the baseline; NAME:N runs NAME with update_threads=N")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-master", action="store_true", help="keep_master=False (8 B/param in float32)")
     parser.add_argument("--durable", action="store_true", help="durable=True (a commit per step)")
     parser.add_argument("--shard-numel", type=float, default=None, help="fixed shard size (default: each format's automatic one)")
     parser.add_argument("--backend", default="auto")
+    parser.add_argument("--update-threads", type=int, default=None, help="TieredAdamW's update_threads (default: its own)")
     parser.add_argument("--json", type=Path, help="write the results here (nothing is written without it)")
     args = parser.parse_args(argv)
     numel = int(args.params)
@@ -85,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     fp32_state = numel * (12 if keep_master else 8)
     budget = int(fp32_state * args.budget)
     shard_numel = None if args.shard_numel is None else int(args.shard_numel)
-    disk = sum(int(numel * (4 * keep_master + 2 * {"float32": 4, "bfloat16": 2, "int8": 1.0157}[f])) for f in formats)
+    disk = sum(int(numel * (4 * keep_master + 2 * {"float32": 4, "bfloat16": 2, "int8": 1.0157}[f.partition(":")[0]]))
+               for f in formats)
     needs = Needs(f"formats_step.py --params {args.params:g}", ram=numel * 4 + len(formats) * (numel * 4 + budget), disk=disk * (2 if args.durable else 1) + (64 << 20))
     try:
         check(needs, args.dir, fix="lower --params, or compare fewer formats per run")
@@ -95,15 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     loads = []
     try:
-        for fmt in formats:
+        for entry in formats:
+            fmt, _, threads = entry.partition(":")
             copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
             for p, q in zip(params, copies):
                 q.grad = p.grad
-            run = {"moment_dtype": fmt, "opt": None, "dir": tempfile.mkdtemp(dir=args.dir), "s": [], "split": []}
+            run = {"moment_dtype": entry, "opt": None, "dir": tempfile.mkdtemp(dir=args.dir), "s": [], "split": []}
             runs.append(run)  # registered first, so its directory is removed on any error
             run["opt"] = TieredAdamW(copies, state_dir=run["dir"], ram_budget=budget, backend=args.backend,
                                      keep_master=keep_master, moment_dtype=fmt, durable=args.durable,
-                                     shard_numel=shard_numel)
+                                     shard_numel=shard_numel, update_threads=int(threads) if threads else args.update_threads)
             run["opt"].step()  # warm-up
             print(f"{fmt}: {run['opt'].describe()}", flush=True)
         for r in range(args.rounds):
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(run["dir"], ignore_errors=True)
     same_shard = results[0]["shard_numel"]
     for row in results:
-        row["at_baseline_shard_numel"] = _resident_at(numel, row["moment_dtype"], budget=budget,
+        row["at_baseline_shard_numel"] = _resident_at(numel, row["moment_dtype"].partition(":")[0], budget=budget,
                                                       shard_numel=same_shard, keep_master=keep_master)
     print(f"\n{numel:.3g} params, keep_master={keep_master}, ram_budget {budget / 2**20:.1f} MiB "
           f"(1/{1 / args.budget:g} of the float32 state), load average {min(loads):.2f}..{max(loads):.2f}")
@@ -156,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{same['resident_shards']}/{same['shards']}  split {row['split_median_s']}")
     if args.json:
         document = {"tool": "bench/formats_step.py", "argv": sys.argv, "params": numel, "keep_master": keep_master,
+                    "update_threads": args.update_threads,
                     "ram_budget": budget, "budget_share_of_float32_state": args.budget, "durable": args.durable,
                     "load_average_per_round": loads, "machine": machine_info(args.dir), "results": results}
         args.json.parent.mkdir(parents=True, exist_ok=True)
