@@ -667,3 +667,36 @@ def test_the_planner_counts_bytes_per_param_by_format():
     layout = Layout.build([[w]], shard_numel=1 << 16, fields=plans["int8"].fields, moment_dtype="int8")
     tiers = plan_tiers(layout, ram_budget=None, arena_slots=4)
     assert tiers.state_nbytes == layout.state_nbytes
+
+
+# -- behind the training loop ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", COMPRESSED)
+@pytest.mark.parametrize("budget", [None, "64KiB"])
+def test_the_step_behind_the_loop_equals_the_synchronous_step(tmp_path, fmt, budget):
+    """attach(model): the compressed update runs on the attachment's thread (its chunks on the workers),
+    in first-use order, and gives the same bits as the synchronous step."""
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(40, 60), torch.nn.Tanh(), torch.nn.Linear(60, 40))
+    results = []
+    for attached in (False, True):
+        model = __import__("copy").deepcopy(base)
+        opt = TieredAdamW(model.parameters(), lr=1e-2, moment_dtype=fmt, ram_budget=budget, shard_numel=1024,
+                          state_dir=str(tmp_path / f"s{attached}") if budget else None)
+        if attached:
+            opt.attach(model)
+        gen = torch.Generator().manual_seed(1)
+        losses = []
+        for _ in range(4):
+            loss = model(torch.randn(8, 40, generator=gen)).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        opt.synchronize()
+        results.append((losses, [p.detach().clone() for p in model.parameters()], opt.state_dict()))
+        opt.close()
+    assert results[0][0] == results[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1]))
+    assert state_equal(results[0][2], results[1][2]) == []
