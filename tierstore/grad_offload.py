@@ -197,6 +197,15 @@ class GradientOffload:
         self.drain()
         return {i: self._store[i] for i in sorted(self._live)}
 
+    def zero_grad(self, *, set_to_none: bool) -> None:
+        """``optimizer.zero_grad``: drop the host gradients, or zero them (then the next backward adds)."""
+        self.drain()
+        if set_to_none:
+            self._live.clear()
+            return
+        for i in self._live:
+            self._store[i].zero_()  # kept live: 0 + g, exactly as autograd accumulates into zeros
+
     def consume(self) -> None:
         """The step took the gradients: the next backward copies instead of adding."""
         self._live.clear()

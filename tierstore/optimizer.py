@@ -381,9 +381,32 @@ class TieredAdamW(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         # Note: with set_to_none=False the gradients are zeroed in place, which a
         # step still running behind the loop may be reading: synchronize first.
-        if not set_to_none and self._rt is not None and not self._rt.closed:
-            self._rt.synchronize()
+        rt = self._rt
+        if rt is not None and not rt.closed:
+            if not set_to_none:
+                rt.synchronize()
+            if rt.offload is not None:  # the gradients live on the host: zero (or drop) those
+                rt.offload.zero_grad(set_to_none=set_to_none)
         _TORCH_ZERO_GRAD(self, set_to_none=set_to_none)
+
+    def __copy__(self) -> TieredAdamW:
+        # Note: a copy shares the running state (the runtime and its owner token), as
+        # wrappers that copy __dict__ do; torch's __getstate__ would drop it.
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        return twin
+
+    def __deepcopy__(self, memo: dict) -> TieredAdamW:
+        raise TypeError(
+            "a TieredAdamW cannot be deep-copied: its state lives in files and buffers it owns. Use "
+            "state_dict() (or save_checkpoint) and load it into a new TieredAdamW"
+        )
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        raise TypeError(
+            "a TieredAdamW cannot be pickled: its state lives in files and buffers it owns. Pickle "
+            "state_dict() instead (or save_checkpoint), and load it into a new TieredAdamW"
+        )
 
     def _check_params(self) -> None:
         params = [p for g in self.param_groups for p in g["params"]]

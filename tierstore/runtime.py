@@ -30,6 +30,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from . import distributed
 from .errors import ClosedError, StepFailedError
 from .grad_offload import GradientOffload
 from .journal import Journal, Progress
@@ -69,6 +72,24 @@ class StepStats(RunStats):
     step_seconds: float = 0.0  # the step's own wall time
     gap_seconds: float = 0.0  # the loop's time since the previous step ended
     pinned_bytes: int = 0  # host memory pinned for CUDA copies (within ram_budget)
+
+
+_OUR_THREADS = ("tierstore-commit", "tierstore-step", "tierstore-read", "tierstore-write")
+_OPEN: weakref.WeakSet[Runtime] = weakref.WeakSet()  # runtimes an owner token keeps (closed ones too)
+
+
+def _close_at_exit() -> None:
+    """Close every runtime still open, before concurrent.futures stops its thread pools."""
+    for runtime in list(_OPEN):
+        runtime._close_quietly()  # close() is idempotent
+
+
+try:  # runs before concurrent.futures' own exit hook, which was registered earlier (LIFO)
+    threading._register_atexit(_close_at_exit)
+except (AttributeError, RuntimeError):  # another Python, or already shutting down: weakref's atexit remains
+    import atexit
+
+    atexit.register(_close_at_exit)
 
 
 class _Owner:
@@ -111,14 +132,22 @@ class Runtime:
         self._last_step_end: float | None = None
         self.failure: BaseException | None = None
         self.closed = False
+        self._pid = os.getpid()
         self._state = state
         self._param_groups = param_groups
         self._params = params
 
     def owner(self) -> object:
-        """A token to keep in the optimizer: when the last holder is gone, :meth:`close` runs."""
+        """A token to keep in the optimizer: when the last holder is gone, :meth:`close` runs.
+
+        At interpreter exit every runtime still open is closed while the thread
+        pools can still run work (:func:`_close_at_exit`).
+        """
         token = _Owner()
-        weakref.finalize(token, self._close_quietly)
+        finalizer = weakref.finalize(token, self._close_quietly)
+        finalizer.atexit = False  # _close_at_exit closes it first, while the I/O pools still run
+        self._pid = os.getpid()  # only this process closes it (see _close_quietly)
+        _OPEN.add(self)
         return token
 
     def progress(self) -> Progress:
@@ -150,17 +179,28 @@ class Runtime:
         """Commit the last change with the current step bookkeeping, and wait until it is durable."""
         self.journal.commit(self.progress(), wait=True)
 
-    def run_step(self, shards: Sequence[int], update: Any, *, threads: Any, progress: Progress) -> None:
+    def run_step(
+        self,
+        shards: Sequence[int],
+        update: Any,
+        *,
+        threads: Any,
+        progress: Progress,
+        agreed: tuple[float, bool] | None = None,
+    ) -> None:
         """One step: the update of ``shards`` through the pipeline, then its commit per the policy.
 
         ``threads`` is the intra-op thread setting to run the update under;
         ``progress`` the step bookkeeping captured when the step was called
-        (the caller already counted the step).
+        (the caller already counted the step). ``agreed``: the start of the
+        step (seconds waited) and the commit decision, already taken on the
+        training loop's thread (under torch.distributed their collectives
+        must run there, in step with the loop's own).
         """
         started = time.monotonic()
         gap = 0.0 if self._last_step_end is None else started - self._last_step_end
         with self.mutation():
-            stall = self.journal.start_of_step()
+            stall = self.journal.start_of_step() if agreed is None else agreed[0]
             run = RunStats()
             if shards:
                 with threads:
@@ -168,7 +208,10 @@ class Runtime:
             ended = time.monotonic()
             stall += run.persist_wait + run.commit_wait
             resident_before = self.journal.stats.resident_bytes
-            committed = self.journal.end_step(progress, gap=gap, step_seconds=ended - started, stall=stall)
+            decision = None if agreed is None else agreed[1]
+            committed = self.journal.end_step(
+                progress, gap=gap, step_seconds=ended - started, stall=stall, decision=decision
+            )
         self._last_step_end = time.monotonic()
         if shards:
             commit_bytes = self.journal.stats.resident_bytes - resident_before
@@ -205,15 +248,24 @@ class Runtime:
             self.run_step(update.shards, update, threads=threads, progress=progress)
             return
         # Behind the loop: the update runs on the attachment's thread, in first-use order.
-        order = self.attachment.order(update.shards)
+        order = self.attachment.order(update.shards, update.active)
+        if torch.cuda.is_available() and update.uploads is not None:
+            # The worker's copies wait for what the loop queued so far (backward, clipping).
+            update.ready = torch.cuda.Event()
+            update.ready.record()
         threads = intra_op_threads(knobs.overlap_threads)
+        agreed = None
+        if self.journal.committing and distributed.rank_and_world()[1] > 1:
+            # Collectives stay on this thread, in step with the loop's own (FSDP, DDP).
+            with self.mutation():
+                agreed = (self.journal.start_of_step(), self.journal.decide(progress.step_count))
 
         def run(done: Callable[..., None]) -> None:
             def visit(shard: ShardSpec, flat: Tensor) -> None:
                 update(shard, flat)
                 done(shard.index, update.upload_event)
 
-            self.run_step(order, visit, threads=threads, progress=progress)
+            self.run_step(order, visit, threads=threads, progress=progress, agreed=agreed)
 
         self.attachment.submit(order, run)
 
@@ -277,9 +329,22 @@ class Runtime:
     def release(self, *, discard: bool = False) -> None:
         """Free memory, threads and files and unlock the directory, without committing."""
         self.uploads.synchronize()
+        self.journal.stop_commits()  # the commit thread may still use the store
         self.store.close()
         self.journal.release(discard=discard)
 
     def _close_quietly(self) -> None:
-        with contextlib.suppress(Exception):  # garbage collection or interpreter exit: nothing sensible left to do
+        """Close without raising: called when the last holder is gone, or at interpreter exit."""
+        if os.getpid() != self._pid:
+            # A forked child (a DataLoader worker, say) inherited this object: the files, the
+            # lock and the state belong to the parent, which keeps using them. Leave them be.
+            return
+        if threading.current_thread().name.startswith(_OUR_THREADS):
+            # Garbage collection ran on one of our own threads (a commit, a step, an I/O worker):
+            # closing here would wait for that very thread. Close from a new one instead.
+            threading.Thread(target=self._close_quietly, name="tierstore-close").start()
+            return
+        try:
             self.close()
+        except Exception:  # garbage collection or interpreter exit: report, there is no caller to raise to
+            log.exception("closing an optimizer that was not closed failed; resume from its last commit")

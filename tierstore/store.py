@@ -192,6 +192,9 @@ class ShardStore:
         self._scratch: HostBuffer | None = None
         self._dirty_copies: set[int] = set()
         self._dirty_lock = threading.Lock()
+        # Called before every write of a streamed shard; the journal sets it to "wait until no
+        # commit in flight needs the copies this write may overwrite", so no writer can forget it.
+        self.write_fence: Callable[[], object] | None = None
         self._created: list[Path] = []
         self.is_open = False
 
@@ -364,7 +367,8 @@ class ShardStore:
         assert self.io is not None
         digests = BlockDigests(entry.nbytes)
         # The newest bytes: the copy written since the last commit, else the committed one.
-        copy, expected = entry.pending if entry.pending is not None else (entry.copy, entry.checksum)
+        pending = entry.pending  # read once: a commit thread may adopt it meanwhile
+        copy, expected = pending if pending is not None else (entry.copy, entry.checksum)
         transfer = self.io.read(self.files[copy], view, entry.offset, on_chunk=digests.update)
 
         def verify() -> None:
@@ -396,8 +400,13 @@ class ShardStore:
         return self._read_into(entry, self._slot_view(slot, entry.nbytes))
 
     def write(self, index: int, slot: int) -> ShardTransfer:
-        """Start writing arena slot ``slot`` as the new bytes of disk shard ``index``."""
+        """Start writing arena slot ``slot`` as the new bytes of disk shard ``index``.
+
+        Waits first at the write fence, when one is set (:attr:`write_fence`).
+        """
         self._require_open()
+        if self.write_fence is not None:
+            self.write_fence()
         entry = self.entries[index]
         return self._write_from(entry, self._slot_view(slot, entry.nbytes))
 
@@ -463,10 +472,12 @@ class ShardStore:
                 entry.persist = None
         if self.durable if sync is None else sync:
             with self._dirty_lock:  # files written since the last sync, however many commits ago
-                dirty, self._dirty_copies = sorted(self._dirty_copies), set()
+                dirty = sorted(self._dirty_copies)
             crash_point("before-sync")
             for copy in dirty:
                 self.files[copy].sync()
+            with self._dirty_lock:  # forgotten only once synced: a failed sync is not "done"
+                self._dirty_copies.difference_update(dirty)
         for entry in self.entries:
             if entry.pending is not None:
                 copy, checksum = entry.pending

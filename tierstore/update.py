@@ -227,6 +227,7 @@ class ShardUpdate:
         self.amsgrad = "max_exp_avg_sq" in layout.fields
         self.shards = layout.shards_of(active)
         self.upload_event: Any = None  # the CUDA event of the last shard's parameter uploads
+        self.ready: Any = None  # a CUDA event: the gradients and parameters are final (set behind the loop)
 
     def step_counts(self) -> None:
         """Advance the step count of every parameter taking part (before any shard is updated)."""
@@ -340,6 +341,9 @@ class ShardUpdate:
     def _stage_cuda_grads(self, work: list[tuple[Any, ActiveParam]], staging: Tensor) -> None:
         """Copy this shard's CUDA gradients to host staging (one sync per shard)."""
         raw = self.staging(STAGE_RAW).view(torch.uint8)
+        stream = torch.cuda.current_stream()
+        if self.ready is not None:
+            stream.wait_event(self.ready)  # on another thread: wait for the loop's backward
         pending = []
         for seg, a in work:
             if not a.grad_cuda:
@@ -353,7 +357,7 @@ class ShardUpdate:
                 dst = raw[s0 * size : s1 * size].view(src.dtype)
                 dst.copy_(src, non_blocking=True)
                 pending.append((dst, s0, s1))
-        torch.cuda.current_stream().synchronize()
+        stream.synchronize()
         for dst, s0, s1 in pending:
             staging[s0:s1].copy_(dst)
 
@@ -369,6 +373,8 @@ class ShardUpdate:
             return
         which = self.uploads.next()
         out = self.staging(STAGE_UPLOAD + which).view(torch.uint8)
+        if self.ready is not None and self.uploads.stream is not None:
+            self.uploads.stream.wait_event(self.ready)  # never overwrite a parameter queued work still reads
         with self.uploads.copying():
             for seg, a in cuda_work:
                 s0, s1 = seg.shard_offset, seg.shard_offset + seg.length
