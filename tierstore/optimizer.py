@@ -40,21 +40,21 @@ from .grad_offload import DEFAULT_BUCKET_BYTES
 from .hyper import GroupHyper, check_hyper, scalar_betas
 from .journal import Journal
 from .knobs import Knobs, check_int
-from .layout import Layout, ShardSpec, layout_format
+from .layout import Layout, layout_format
 from .runtime import Runtime, StepStats
-from .sizes import format_size, parse_size
+from .sizes import parse_size
 from .spec import check_param_kinds
 from .startup import start
 from .torch_format import (
     GROUP_DEFAULTS,
+    check_same_params,
     empty_state_dict,
     flat_sources,
     incoming_state,
     packed_groups,
     param_steps,
-    step_tensor,
 )
-from .update import ShardUpdate, gather, master_sync
+from .update import gather, master_sync
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +95,8 @@ class TieredAdamW(torch.optim.Optimizer):
         Shards read ahead of the one being updated (the arena has
         ``prefetch_depth + 2`` slots). A tuning knob: never changes results.
     io_workers, request_bytes
-        I/O threads per direction (reads, writes) and the request size
-        (a multiple of 4096, rounded up to whole 1 MiB checksum blocks).
-        Tuning knobs; the defaults (8, 1 MiB) measured best on a 2-core
-        machine with a virtual disk (docs/tuning.md has the figures).
+        I/O threads per direction and the request size (a multiple of 4096,
+        rounded up to whole 1 MiB checksum blocks). Tuning knobs (docs/tuning.md).
     keep_master
         Keep an fp32 master copy even for fp32 CPU parameters. ``None``: only
         when some parameter is not fp32 or not on the CPU.
@@ -106,11 +104,8 @@ class TieredAdamW(torch.optim.Optimizer):
     moment_dtype
         How the moments are stored, in RAM and on disk: ``"float32"`` (the
         default: bitwise equal to ``torch.optim.AdamW(fused=True)``),
-        ``"bfloat16"`` (2 B/element) or ``"int8"`` (blockwise quantized, 1 B
-        plus a 4 B scale per 256 elements). The update always runs in fp32:
-        a shard's moments are decoded, updated by the same fused kernel and
-        encoded back. Part of the state's identity (saved, checked on
-        resume). See ``docs/formats.md`` for what each costs in accuracy.
+        ``"bfloat16"`` or ``"int8"`` (blockwise quantized); the update runs in
+        fp32 either way. Part of the state's identity. See ``docs/formats.md``.
     pin_memory
         Pin host buffers for CUDA; ``None`` pins exactly when CUDA is available.
     update_threads
@@ -118,28 +113,21 @@ class TieredAdamW(torch.optim.Optimizer):
         (``None``: all cores but one, which the I/O threads keep). Steps with
         all state in RAM use torch's own setting. A tuning knob.
     durable
-        Keep ``state_dir`` crash-consistent: commits (two copies of every
-        shard, an atomically replaced manifest) that a crash or power cut
-        never loses; ``resume=True`` restores exactly the last one. ``None``:
-        on when a ``state_dir`` is given. With ``durable=False`` a
-        ``state_dir`` is resumable only after a clean :meth:`close`.
+        Keep ``state_dir`` crash-consistent: commits that a crash or power cut
+        never loses (``None``: on when a ``state_dir`` is given). With
+        ``durable=False`` a ``state_dir`` is resumable only after :meth:`close`.
     commit_every
-        How often a durable optimizer commits (the recovery point):
-        ``"auto"`` (as often as the drive keeps up without stalling the
-        training loop, at least every 5 minutes), a step count, a duration
-        such as ``"10min"``, or both as a pair. Commits run in the background
-        while the loop computes; :attr:`committed_step` says which step a
-        crash now would resume at, :meth:`commit` waits for one. See
-        :mod:`tierstore.commit_policy`.
+        How often a durable optimizer commits, in the background: ``"auto"``
+        (as often as the drive keeps up, at least every 5 minutes), a step
+        count, a duration such as ``"10min"``, or both as a pair (see
+        :mod:`tierstore.commit_policy`, :attr:`committed_step`, :meth:`commit`).
     resume
-        Continue the state in ``state_dir``: the layout fingerprint must match
-        these parameters; moments, step counts, hyperparameters and masters
-        are restored. An empty directory starts fresh. :attr:`step_count`
-        says which step to resume data loading and LR schedules from.
+        Continue the state in ``state_dir`` (an empty one starts fresh): the
+        layout must match these parameters; :attr:`step_count` says which
+        step to resume data loading and LR schedules from.
     resume_step
-        Resume at this committed step instead of the last one: a durable
-        directory also keeps the commit before its last (distributed
-        resumes use this to meet at a common step).
+        Resume at this committed step instead of the last (a durable
+        directory also keeps the commit before its last).
     restore_params
         On resume, write the committed master weights back into the
         parameters (when the state has masters).
@@ -268,7 +256,7 @@ class TieredAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._check_params()
+        check_same_params(self.param_groups, self._params)
         offload = rt.offload
         if offload is not None and grad_scaler is not None and offload.found_inf(grad_scaler, self):
             offload.consume()  # GradScaler skips this step: the gradients are spent
@@ -277,19 +265,8 @@ class TieredAdamW(torch.optim.Optimizer):
         active = gather(self._params, self._layout, self.state, grads=grads)
         if offload is not None:
             offload.consume()
-        amsgrad_field = self._spec.amsgrad
-        hypers = [GroupHyper.of(g, amsgrad_field=amsgrad_field) for g in self.param_groups]
-        streams = self._layout.encoded and any(not rt.store.is_resident(i) for i in self._layout.shards_of(active))
-        attachment = rt.attachment
-        update = ShardUpdate(
-            self._layout,
-            active,
-            hypers,
-            staging=rt.store.staging_buffer if self._spec.staged else None,
-            uploads=rt.uploads if self._spec.cuda else None,
-            scratch=rt.store.scratch_buffer if self._layout.encoded else None,
-            workers=self._knobs.codec_threads(streaming=streams, behind=attachment is not None),
-        )
+        hypers = [GroupHyper.of(g, amsgrad_field=self._spec.amsgrad) for g in self.param_groups]
+        update = rt.new_update(self._layout, self._spec, active, hypers, knobs=self._knobs)
         update.step_counts()
         rt.step_count += 1
         rt.schedule_step(update, progress=rt.progress(), knobs=self._knobs)  # progress: as of now
@@ -302,21 +279,17 @@ class TieredAdamW(torch.optim.Optimizer):
         """Run each step behind the training loop: ``step()`` returns once the update is scheduled.
 
         The update runs on a background thread in the order ``model``'s
-        forward first uses the parameters, and a forward pre-hook on each of
-        ``model``'s modules waits for exactly that module's parameters, so
-        results stay bitwise equal to the synchronous step. Everything that
-        reads or writes parameters or state synchronizes first (``step``,
-        ``state_dict``, ``load_state_dict``, checkpoints, ``commit``,
-        ``close``, ``zero_grad(set_to_none=False)``). Code that reads
-        parameters outside a forward (``model.state_dict()``, an EMA) must
-        call :meth:`synchronize` first. See :mod:`tierstore.overlap`.
+        forward first uses the parameters; a forward pre-hook on each module
+        waits for that module's parameters, so results stay bitwise equal to
+        the synchronous step. Code that reads parameters outside a forward
+        (``model.state_dict()``, an EMA) calls :meth:`synchronize` first.
+        See :mod:`tierstore.overlap`.
 
-        With ``offload_grads`` (``None``: when parameters are on a GPU) each
-        gradient leaves the device as soon as backward finished it, through
-        two pinned buckets of ``grad_bucket_bytes``, and accumulates on the
-        host across micro-batches; ``param.grad`` is then ``None``: clip with
-        :meth:`clip_grad_norm_`, unscale with :meth:`unscale_`
-        (``scaler.step(opt)`` works as usual). See :mod:`tierstore.grad_offload`.
+        With ``offload_grads`` (``None``: when parameters are on a GPU)
+        gradients leave the device as backward finishes each, into host
+        buffers; ``param.grad`` is then ``None``: clip with
+        :meth:`clip_grad_norm_`, unscale with :meth:`unscale_`. See
+        :mod:`tierstore.grad_offload`.
 
         Raises
         ------
@@ -408,15 +381,6 @@ class TieredAdamW(torch.optim.Optimizer):
             "state_dict() instead (or save_checkpoint), and load it into a new TieredAdamW"
         )
 
-    def _check_params(self) -> None:
-        params = [p for g in self.param_groups for p in g["params"]]
-        if len(params) != len(self._layout.params) or any(a is not b for a, b in zip(params, self._params)):
-            raise ParamsChangedError(
-                f"the optimizer's parameters changed since construction ({len(self._layout.params)} "
-                f"then, {len(params)} now); TieredAdamW's state layout is fixed: build a new optimizer "
-                "for a new set of parameters"
-            )
-
     # -- state dict ---------------------------------------------------
     @disable_dynamo
     def state_dict(self) -> dict[str, Any]:
@@ -490,24 +454,11 @@ class TieredAdamW(torch.optim.Optimizer):
     def visit_shards(self, visit: ShardVisit, shards: Iterable[int] | None = None) -> None:
         """Call ``visit(shard, flat)`` with every shard's current fp32 values, read-only.
 
-        ``shards`` limits the visit to those shard indices. Disk shards stream
-        through the arena, so this needs no RAM beyond the budget; ``flat`` is
-        valid only during the call. In a compressed ``moment_dtype`` ``flat``
-        holds the decoded values (in the optimizer's decode scratch). See
-        :mod:`tierstore.access`.
+        ``shards`` limits the visit to those shard indices; disk shards stream
+        through the arena; ``flat`` is valid only during the call. See :mod:`tierstore.access`.
         """
-        rt = self._runtime()
-        order = range(len(self._layout.shards)) if shards is None else shards
-        layout = self._layout
-        if layout.encoded:
-            inner, threads = visit, self._knobs.codec_threads(streaming=False, behind=False)
-
-            def visit(shard: ShardSpec, extent: Tensor) -> None:
-                wide = rt.store.scratch_buffer()[: layout.wide_nbytes(shard) // 4]
-                layout.decode_shard(shard, extent, wide, threads=threads)
-                inner(shard, wide)
-
-        rt.pipeline.run(order, visit, write=False)
+        threads = self._knobs.codec_threads(streaming=False, behind=False)
+        self._runtime().visit(self._layout, visit, shards, decode_threads=threads)
 
     def visit_stored(self, visit: ShardVisit, shards: Iterable[int] | None = None) -> None:
         """Call ``visit(shard, extent)`` with every shard's stored bytes, read-only.
@@ -516,9 +467,7 @@ class TieredAdamW(torch.optim.Optimizer):
         :attr:`moment_dtype`), see :meth:`~tierstore.layout.Layout.stored_field`;
         in ``"float32"`` it is what :meth:`visit_shards` gives. See :mod:`tierstore.access`.
         """
-        rt = self._runtime()
-        order = range(len(self._layout.shards)) if shards is None else shards
-        rt.pipeline.run(order, visit, write=False)
+        self._runtime().visit(self._layout, visit, shards)
 
     def replace_shards(
         self,
@@ -530,50 +479,18 @@ class TieredAdamW(torch.optim.Optimizer):
         step_count: int | None = None,
         stored: bool = False,
     ) -> None:
-        """Overwrite the whole state, shard by shard, and commit it.
+        """Overwrite the whole state, shard by shard, and commit it (see :mod:`tierstore.access`).
 
-        With ``stored=True``, ``fill(shard, extent)`` writes the shard's stored
-        bytes (every byte of the extent, moments in :attr:`moment_dtype`).
-
-        ``fill(shard, flat)`` must set every element of ``flat`` (fp32 values of
-        every field; it arrives with stale bytes). In a compressed
-        ``moment_dtype`` the values are then encoded into the shard. Master
-        elements of parameters not in ``masters_given`` are then seeded from
-        the parameters; parameters in it take their (loaded) master value.
-        ``param_steps`` replaces every step count (parameters absent from it
-        have no state, as after construction); ``groups`` replaces the groups'
-        hyperparameters; ``step_count`` the optimizer's. See :mod:`tierstore.access`.
+        ``fill(shard, flat)`` sets every fp32 element of ``flat`` (with
+        ``stored=True``: every stored byte of the extent). Masters of
+        parameters not in ``masters_given`` are seeded from the parameters;
+        ``param_steps``, ``groups`` and ``step_count`` replace the bookkeeping.
         """
         rt = self._runtime()
         given = masters_given or set()
-        layout = self._layout
-        sync = master_sync(layout, self._params, to_params=given.__contains__)
-        threads = self._knobs.codec_threads(streaming=False, behind=False)
-
-        def fill_and_sync(shard: ShardSpec, extent: Tensor) -> None:
-            if layout.encoded and not stored:
-                wide = rt.store.scratch_buffer()[: layout.wide_nbytes(shard) // 4]
-                fill(shard, wide)
-                layout.encode_shard(shard, wide, extent, threads=threads)
-            else:
-                fill(shard, extent)
-            sync(shard, extent)
-
-        with rt.mutation():
-            if step_count is not None:
-                rt.step_count = int(step_count)
-            rt.pipeline.run(range(len(self._layout.shards)), fill_and_sync, read=False)
-            for i, p in enumerate(self._params):
-                if i in param_steps:
-                    self.state[p] = {"step": step_tensor(param_steps[i])}
-                else:
-                    self.state.pop(p, None)
-            for mine, saved in zip(self.param_groups, groups or []):
-                mine.update({k: v for k, v in saved.items() if k != "params"})
-                for key, value in GROUP_DEFAULTS.items():
-                    mine.setdefault(key, value)
-                mine["betas"] = tuple(float(b) for b in mine["betas"])
-            rt.commit()
+        rt.replace(self._layout, fill, sync=master_sync(self._layout, self._params, to_params=given.__contains__),
+                   param_steps=param_steps, groups=groups or [], step_count=step_count,
+                   encode_threads=None if stored else self._knobs.codec_threads(streaming=False, behind=False))  # fmt: skip
 
     # -- adapters -------------------------------------------------------
     @classmethod
@@ -703,28 +620,7 @@ class TieredAdamW(torch.optim.Optimizer):
 
     def describe(self) -> str:
         """One line: parameters, state size (and its moment format when compressed), and where it lives."""
-        p = self._plan
-        files = ""
-        if self.disk_bytes:
-            copies = "2 copies, durable" if self._rt.journal.durable else "1 copy"
-            files = f"; files {format_size(self.disk_bytes)} ({copies})"
-        pins = self._rt.store.pins.stats() if self._rt is not None else None
-        if pins is not None and pins.pinned_bytes:
-            files += f"; pinned {format_size(pins.pinned_bytes)}"
-        if pins is not None and pins.fallback is not None and pins.pageable_bytes:
-            files += f"; {format_size(pins.pageable_bytes)} pageable (pinning failed)"
-        fmt = ""
-        if self._layout.encoded:
-            fmt = (
-                f" ({self._format.name} moments, {self._layout.bytes_per_element:.3g} B/param; "
-                f"decode scratch {format_size(p.scratch_nbytes)})"
-            )
-        return (
-            f"{self._layout.trainable_numel:,} trainable params, state {format_size(p.state_nbytes)}{fmt} in "
-            f"{len(self._layout.shards)} shards: {len(p.resident)} resident ({format_size(p.resident_nbytes)}), "
-            f"{len(p.disk_shards)} streamed from disk ({format_size(p.disk_nbytes)}), arena {p.arena_slots} x "
-            f"{format_size(p.slot_nbytes)}{files}"
-        )
+        return self._rt.describe(self._layout, self._plan)
 
     # -- lifecycle ----------------------------------------------------
     def close(self) -> None:

@@ -34,7 +34,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,16 +42,21 @@ import torch
 from torch import Tensor, nn
 
 from . import distributed
+from .access import ShardVisit
+from .budget import TierPlan
 from .errors import ClosedError, StepFailedError
 from .grad_offload import GradientOffload
+from .hyper import GroupHyper
 from .journal import Journal, Progress
 from .knobs import Knobs
 from .layout import Layout, ShardSpec
 from .overlap import Attachment
 from .pipeline import RunStats, ShardPipeline
+from .sizes import format_size
+from .spec import StateSpec
 from .store import ShardStore
-from .torch_format import param_steps
-from .update import ShardUpdate, UploadBuffers, intra_op_threads
+from .torch_format import param_steps, reset_param_steps, restore_groups
+from .update import ActiveParam, ShardUpdate, UploadBuffers, intra_op_threads
 
 log = logging.getLogger(__name__)
 
@@ -238,6 +243,101 @@ class Runtime:
                 f"this optimizer's state is half-updated. Build a new TieredAdamW with resume=True"
                 f"{where} to continue from the last committed step ({self.journal.committed_step_text()})"
             ) from self.failure
+
+    def new_update(
+        self, layout: Layout, spec: StateSpec, active: list[ActiveParam], hypers: list[GroupHyper], *, knobs: Knobs
+    ) -> ShardUpdate:
+        """The update of one step over ``active``, on this runtime's buffers."""
+        streams = layout.encoded and any(not self.store.is_resident(i) for i in layout.shards_of(active))
+        return ShardUpdate(
+            layout,
+            active,
+            hypers,
+            staging=self.store.staging_buffer if spec.staged else None,
+            uploads=self.uploads if spec.cuda else None,
+            scratch=self.store.scratch_buffer if layout.encoded else None,
+            workers=knobs.codec_threads(streaming=streams, behind=self.attachment is not None),
+        )
+
+    # -- whole-state access (tierstore.access) -------------------------
+    def visit(
+        self, layout: Layout, visit: ShardVisit, shards: Iterable[int] | None = None, *, decode_threads: int | None = None
+    ) -> None:
+        """Call ``visit(shard, flat)`` once per shard, read-only, through the pipeline.
+
+        With ``decode_threads`` ``flat`` holds the shard's fp32 values (a
+        compressed format decoded into the scratch buffer); ``None``: the
+        stored extent.
+        """
+        order = range(len(layout.shards)) if shards is None else shards
+        if decode_threads is not None and layout.encoded:
+            inner = visit
+
+            def visit(shard: ShardSpec, extent: Tensor) -> None:
+                wide = self.store.scratch_buffer()[: layout.wide_nbytes(shard) // 4]
+                layout.decode_shard(shard, extent, wide, threads=decode_threads)
+                inner(shard, wide)
+
+        self.pipeline.run(order, visit, write=False)
+
+    def replace(
+        self,
+        layout: Layout,
+        fill: ShardVisit,
+        *,
+        sync: ShardVisit,
+        param_steps: dict[int, float],
+        groups: Sequence[dict[str, Any]],
+        step_count: int | None,
+        encode_threads: int | None,
+    ) -> None:
+        """Overwrite every shard with ``fill``, then ``sync`` it (masters), replace the step bookkeeping, commit.
+
+        With ``encode_threads`` ``fill`` sets fp32 values that are then encoded
+        into the shard; ``None``: ``fill`` sets the stored bytes. A failure
+        part-way refuses further use (:meth:`mutation`).
+        """
+
+        def fill_and_sync(shard: ShardSpec, extent: Tensor) -> None:
+            if encode_threads is not None and layout.encoded:
+                wide = self.store.scratch_buffer()[: layout.wide_nbytes(shard) // 4]
+                fill(shard, wide)
+                layout.encode_shard(shard, wide, extent, threads=encode_threads)
+            else:
+                fill(shard, extent)
+            sync(shard, extent)
+
+        with self.mutation():
+            if step_count is not None:
+                self.step_count = int(step_count)
+            self.pipeline.run(range(len(layout.shards)), fill_and_sync, read=False)
+            reset_param_steps(self._state, self._params, param_steps)
+            restore_groups(self._param_groups, groups)
+            self.commit()
+
+    def describe(self, layout: Layout, plan: TierPlan) -> str:
+        """One line: parameters, state size (and format when compressed), where it lives, files, pinning."""
+        p, files = plan, ""
+        disk = 0 if self.closed else self.store.disk_nbytes
+        if disk:
+            files = f"; files {format_size(disk)} ({'2 copies, durable' if self.journal.durable else '1 copy'})"
+        pins = self.store.pins.stats()
+        if pins.pinned_bytes:
+            files += f"; pinned {format_size(pins.pinned_bytes)}"
+        if pins.fallback is not None and pins.pageable_bytes:
+            files += f"; {format_size(pins.pageable_bytes)} pageable (pinning failed)"
+        fmt = ""
+        if layout.encoded:
+            fmt = (
+                f" ({layout.format.name} moments, {layout.bytes_per_element:.3g} B/param; "
+                f"decode scratch {format_size(p.scratch_nbytes)})"
+            )
+        return (
+            f"{layout.trainable_numel:,} trainable params, state {format_size(p.state_nbytes)}{fmt} in "
+            f"{len(layout.shards)} shards: {len(p.resident)} resident ({format_size(p.resident_nbytes)}), "
+            f"{len(p.disk_shards)} streamed from disk ({format_size(p.disk_nbytes)}), arena {p.arena_slots} x "
+            f"{format_size(p.slot_nbytes)}{files}"
+        )
 
     # -- lifetime -----------------------------------------------------
     def schedule_step(self, update: ShardUpdate, *, progress: Progress, knobs: Knobs) -> None:
