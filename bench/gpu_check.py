@@ -2,10 +2,12 @@
 
 What it checks, with parameters on ``cuda``:
 
-1. fp32 and bf16 parameters, state all in RAM and on disk under a budget:
-   the fp32 master weights (``state_dict()['state'][i]['master_param']``)
-   are bitwise equal to ``torch.optim.AdamW(fused=True)`` run on the CPU on
-   fp32 copies fed the same gradients cast to fp32, and each CUDA parameter
+1. fp32 and bf16 parameters, state all in RAM and on disk under a budget,
+   for each ``--moment-dtype``: the fp32 master weights
+   (``state_dict()['state'][i]['master_param']``) are bitwise equal to
+   ``torch.optim.AdamW(fused=True)`` (a compressed format: its oracle,
+   ``tierstore.testing.formats.FormatOracle``) run on the CPU on fp32
+   copies fed the same gradients cast to fp32, and each CUDA parameter
    equals its master cast to its dtype.
 2. Host buffers are pinned (``cudaHostRegister``) and steps leave no
    pending error (``torch.cuda.synchronize()`` after each step).
@@ -41,18 +43,25 @@ from tierstore import TieredAdamW
 SHAPES = [(1024, 1024), (4096,), (333, 77), (1,), (2048, 512)]
 
 
-def _check_equivalence(dtype: torch.dtype, budget: str | None, steps: int = 4) -> dict:
+def _check_equivalence(dtype: torch.dtype, budget: str | None, steps: int = 4, moment_dtype: str = "float32") -> dict:
     gen = torch.Generator().manual_seed(0)
     init = [torch.randn(s, generator=gen) for s in SHAPES]
     ref = [torch.nn.Parameter(t.clone()) for t in init]  # fp32, CPU
-    ref_opt = torch.optim.AdamW(ref, lr=1e-3, weight_decay=0.01, fused=True)
+    if moment_dtype == "float32":
+        ref_opt = torch.optim.AdamW(ref, lr=1e-3, weight_decay=0.01, fused=True)
+    else:  # the format's oracle: decode -> fused AdamW -> encode per tensor, on the CPU
+        from tierstore.testing.formats import FormatOracle
+
+        ref_opt = FormatOracle(ref, lr=1e-3, weight_decay=0.01, moment_dtype=moment_dtype)
     gpu = [torch.nn.Parameter(t.to("cuda", dtype)) for t in init]
     with torch.no_grad():
         for r, g in zip(ref, gpu):
             r.copy_(g.float().cpu())  # the master starts from the parameter's own value
     with tempfile.TemporaryDirectory() as d:
-        opt = TieredAdamW(gpu, lr=1e-3, weight_decay=0.01, state_dir=d, ram_budget=budget, shard_numel=1 << 16)
-        pinned = opt.pinned_bytes == opt.ram_bytes  # every host buffer of the store is pinned
+        opt = TieredAdamW(gpu, lr=1e-3, weight_decay=0.01, state_dir=d, ram_budget=budget, shard_numel=1 << 16,
+                          moment_dtype=moment_dtype)
+        # every host buffer of the store is pinned, except a compressed format's decode scratch (CPU only)
+        pinned = opt.pinned_bytes == opt.ram_bytes - opt.plan.scratch_nbytes
         for _ in range(steps):
             grads = [torch.randn(s, generator=gen).to(dtype) for s in SHAPES]
             for p, g in zip(gpu, grads):
@@ -65,13 +74,15 @@ def _check_equivalence(dtype: torch.dtype, budget: str | None, steps: int = 4) -
         sd = opt.state_dict()
         masters_equal = all(torch.equal(sd["state"][i]["master_param"], r.detach()) for i, r in enumerate(ref))
         params_equal = all(torch.equal(p.detach().cpu(), r.detach().to(dtype)) for p, r in zip(gpu, ref))
+        ref_sd = ref_opt.state_dict()
         moments_equal = all(
-            torch.equal(sd["state"][i]["exp_avg"], ref_opt.state[r]["exp_avg"]) for i, r in enumerate(ref)
+            torch.equal(sd["state"][i][k], ref_sd["state"][i][k]) for i in range(len(ref)) for k in ("exp_avg", "exp_avg_sq")
         )
         described = opt.describe()
         opt.close()
     return {
         "dtype": str(dtype),
+        "moment_dtype": moment_dtype,
         "ram_budget": budget,
         "masters_bitwise_equal": masters_equal,
         "params_equal_master_cast": params_equal,
@@ -186,14 +197,16 @@ def main() -> int:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--numel", type=int, default=50_000_000, help="parameters for the timing run")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--moment-dtype", default="float32,bfloat16,int8", help="formats of the equivalence checks")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check here (the CPU path is covered by the test suite)")
         return 0
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "checks": [], "timing": []}
-    for dtype in (torch.float32, torch.bfloat16):
-        for budget in (None, "2MiB"):
-            results["checks"].append(_check_equivalence(dtype, budget))
+    for fmt in args.moment_dtype.split(","):
+        for dtype in (torch.float32, torch.bfloat16):
+            for budget in (None, "2MiB"):
+                results["checks"].append(_check_equivalence(dtype, budget, moment_dtype=fmt))
     for dtype in (torch.float32, torch.bfloat16):
         results["timing"].append(_timing(args.numel, dtype, args.steps))
     results["overlap"] = _check_overlap(width=4096, layers=8, steps=args.steps)

@@ -57,10 +57,16 @@ CONFIGS = {
     "after-a-cut-resident-no-masters": (dict(ram_budget=None, keep_master=False), "cut"),
     "non-durable-streamed-masters": (dict(ram_budget="112KiB", durable=False), 0),
     "non-durable-resident-masters": (dict(ram_budget=None, durable=False), 0),
+    # A resumed durable=False run marks its manifest dirty before its first write (a bug the
+    # harness found: it used to rewrite streamed shards first).
+    "resumed-non-durable-streamed-no-masters": (dict(ram_budget="64KiB", keep_master=False, durable=False), 2),
+    # With a forward/backward between steps, every step's background commit finishes before the
+    # next step; without one (the scenarios above) commits are deferred while one is in flight.
+    "with-forward-streamed-masters": (dict(ram_budget="112KiB", forward_seconds=0.005), 0),
+    "with-forward-resident-amsgrad-masters": (dict(ram_budget=None, amsgrad=True, forward_seconds=0.005), 0),
+    "with-forward-auto-policy-streamed": (dict(ram_budget="200KiB", forward_seconds=0.005, commit_every="auto"), 0),
 }
-# Known bug (optimizer.py, see tests/test_crash.py's strict xfail): a resumed durable=False
-# run rewrites streamed shards before it marks the manifest unclean. Run with --known-bugs.
-KNOWN_BUGS = {"resumed-non-durable-streamed-no-masters": (dict(ram_budget="64KiB", keep_master=False, durable=False), 2)}
+KNOWN_BUGS: dict[str, tuple[dict, int | str]] = {}  # none known; --known-bugs runs any listed here
 
 
 def scratch_root(requested: str | None) -> str:

@@ -47,5 +47,13 @@ run step-durable-1e8 python bench/step.py --params 1e8 --ram-budget 1/8 --dir "$
 run flip-soak python bench/flip_soak.py --flips 1000 --json "$OUT/flip_soak.json"
 # 8. Crash soak: hundreds of SIGKILLs, resumed and compared bitwise.
 run crash-soak python bench/crash_soak.py --kills 300 --json "$OUT/crash-soak-phases.json"
-# 9. Simulated power cuts: 2,040 images of recorded runs, every backend, resumed and compared bitwise.
+# 9. Simulated power cuts: 2,184 images of recorded runs, every backend, resumed and compared bitwise.
 run powercut-soak python bench/powercut_soak.py --images 2040 --seeds 4 --json "$OUT/powercut-soak.json"
+# 10. Durability in a training loop, all state in RAM: background commits vs durable=False.
+run durability-5e7 python bench/durability.py --params 5e7 --dir "$DIR" --json "$OUT/durability-5e7.json"
+# 11. Streamed at 2e8, ram_budget 1/8: durable (background commits) vs not, in one run.
+run step-durable-2e8 python bench/step.py --params 2e8 --ram-budget 1/8 --dir "$DIR" --backend direct --durable both \
+    --steps 5 --skip ram,torch,peer,footprint --json "$OUT/step-durable-2e8.json"
+# 12. The step behind the loop (attach), streamed (1/8) and all in RAM; TMPDIR puts the private state on DIR.
+TMPDIR="$DIR" run overlap-stream python bench/overlap.py --ram-budget 1/8 --json "$OUT/overlap-stream.json"
+TMPDIR="$DIR" run overlap-ram python bench/overlap.py --ram-budget none --json "$OUT/overlap-ram.json"

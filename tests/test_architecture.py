@@ -23,7 +23,7 @@ LAYERS: dict[str, int] = {
     # 0: leaves
     "_version": 0, "errors": 0, "sizes": 0, "faults": 0, "dtensor": 0, "dynamo": 0,
     # 1: pure descriptions and arithmetic (no I/O)
-    "layout": 1, "hyper": 1, "knobs": 1, "kernel": 1, "integrity": 1, "factory": 1, "distributed": 1,
+    "workers": 0, "codecs": 1, "layout": 1, "hyper": 1, "knobs": 1, "kernel": 1, "integrity": 1, "factory": 1, "distributed": 1,
     "commit_policy": 1,
     "spec": 2, "budget": 2, "manifest": 2, "torch_format": 2, "deepspeed_config": 3,
     # 4: memory and files
@@ -32,7 +32,7 @@ LAYERS: dict[str, int] = {
     # 6: the shard store and what moves shards
     "store": 6, "pipeline": 7, "statedir": 6, "journal": 7, "reader": 7,
     # 8: one step's update and the running machinery
-    "update": 8, "overlap": 8, "grad_offload": 5, "runtime": 9, "access": 8,
+    "update": 8, "overlap": 8, "grad_offload": 5, "runtime": 9, "startup": 9, "access": 8,
     # 10: adapters over the access protocol
     "checkpoint": 10, "dcp": 10,
     # 11: the front
@@ -43,9 +43,10 @@ LAYERS: dict[str, int] = {
     "benchmarks": 12, "benchmarks.floor": 12, "benchmarks.footprint": 12, "benchmarks.io": 12,
     "benchmarks.peer": 12, "benchmarks.rawio": 12, "benchmarks.report": 12, "benchmarks.rss": 12,
     "benchmarks.step": 12, "benchmarks.workload": 12, "benchmarks.resources": 12, "benchmarks.durability": 12, "benchmarks.overlap": 12,
+    "benchmarks.codec_adamw": 12, "benchmarks.codec_speed": 12, "benchmarks.convergence": 12,
     # 14: test kits, over the public face
     "testing": 14, "testing.backend": 14, "testing.crash": 14, "testing.distributed": 14,
-    "testing.fsimage": 14, "testing.fsrecord": 14, "testing.powercut": 14, "testing.memory": 14,
+    "testing.fsimage": 14, "testing.formats": 14, "testing.fsrecord": 14, "testing.powercut": 14, "testing.memory": 14,
 }  # fmt: skip
 
 

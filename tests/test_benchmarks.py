@@ -298,3 +298,48 @@ def test_io_summary_picks_best_settings():
 def test_workload_sizes_add_up():
     for n in (1, 5000, 8 << 20, (8 << 20) + 1, 3 * (8 << 20) + 12345):
         assert sum(workload.param_sizes(n)) == n
+
+
+def test_bench_step_runs_each_moment_dtype_and_pairs_it_with_float32(tmp_path, capsys):
+    drive = tmp_path / "drive"
+    drive.mkdir()
+    out = tmp_path / "step.json"
+    rc = main(["bench", "step", "--params", "1e6", "--ram-budget", "1/8", "--dir", str(drive), "--steps", "2",
+               "--warmup", "0", "--shard-numel", "16384", "--skip", "ram,torch,peer,floor,footprint", "--keep-master",
+               "--moment-dtype", "float32,bfloat16,int8", "--json", str(out)])
+    assert rc == 0 and _files(drive) == []
+    s = json.loads(out.read_text())["summary"]
+    assert set(s["disk"]) == {"tierstore-disk", "tierstore-disk-bfloat16", "tierstore-disk-int8"}
+    assert set(s["moment_dtype_vs_float32_paired"]) == {"tierstore-disk-bfloat16", "tierstore-disk-int8"}
+    assert all(v > 0 for v in s["moment_dtype_vs_float32_paired"].values())
+    # each format moves its own bytes: int8 < bfloat16 < float32
+    read = [s["disk"][n]["read_bytes"] for n in ("tierstore-disk", "tierstore-disk-bfloat16", "tierstore-disk-int8")]
+    assert read[0] > read[1] > read[2] > 0
+    assert "x float32's step (paired)" in capsys.readouterr().out
+
+
+def test_bench_step_rejects_an_unknown_moment_dtype(tmp_path, capsys):
+    assert main(["bench", "step", "--params", "1e6", "--dir", str(tmp_path), "--moment-dtype", "float32,fp8"]) != 0
+    assert "moment_dtype='fp8' is unknown; use one of ['bfloat16', 'float32', 'int8']" in capsys.readouterr().err
+
+
+def test_formats_step_script_small(tmp_path, capsys):
+    import runpy
+    import sys
+
+    out = tmp_path / "f.json"
+    argv = ["formats_step.py", "--params", "2e5", "--dir", str(tmp_path), "--rounds", "2", "--shard-numel", "4096",
+            "--formats", "float32,int8,int8:1", "--json", str(out)]
+    old, sys.argv = sys.argv, argv
+    try:
+        with pytest.raises(SystemExit) as done:
+            runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "bench", "formats_step.py"), run_name="__main__")
+    finally:
+        sys.argv = old
+    assert done.value.code == 0
+    doc = json.loads(out.read_text())
+    rows = {r["moment_dtype"]: r for r in doc["results"]}
+    assert set(rows) == {"float32", "int8", "int8:1"} and rows["float32"]["paired_vs_first"] == 1.0
+    assert rows["int8"]["bytes_per_param"] == pytest.approx(4 + 2 * 1.015625)
+    assert rows["int8"]["at_baseline_shard_numel"]["resident_shards"] >= rows["float32"]["resident_shards"]
+    assert len(doc["load_average_per_round"]) == 2 and [p.name for p in tmp_path.iterdir()] == ["f.json"]

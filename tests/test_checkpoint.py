@@ -238,7 +238,7 @@ def test_save_streams_one_shard_at_a_time(tmp_path: Path, monkeypatch: pytest.Mo
         grads(0, params)
         opt.step()
         visits: list[int] = []
-        real = opt.visit_shards
+        real = opt.visit_stored
 
         def spy(visit, shards=None):
             def counted(shard, flat):
@@ -247,7 +247,7 @@ def test_save_streams_one_shard_at_a_time(tmp_path: Path, monkeypatch: pytest.Mo
 
             return real(counted, shards)
 
-        monkeypatch.setattr(opt, "visit_shards", spy)
+        monkeypatch.setattr(opt, "visit_stored", spy)
         monkeypatch.setattr(opt, "state_dict", lambda: pytest.fail("save must not materialise the state"))
         chunk_bytes = (1 << 16) * 4
         tracemalloc.start()
@@ -423,7 +423,7 @@ def _flip_chunk(path: Path) -> None:
 
 
 BAD_CHECKPOINTS = [
-    pytest.param(lambda p: _set_attr(p, format_version=2), FormatVersionError, "format_version 2.*Upgrade", id="newer-version"),
+    pytest.param(lambda p: _set_attr(p, format_version=3), FormatVersionError, "format_version 3.*Upgrade", id="newer-version"),
     pytest.param(lambda p: _set_attr(p, format="other"), FormatVersionError, "not a tierstore checkpoint", id="other-format"),
     pytest.param(lambda p: (p / "zarr.json").unlink(), CorruptStateError, "no zarr.json", id="no-metadata"),
     pytest.param(lambda p: (p / "exp_avg_sq" / "c" / "0").unlink(), CorruptStateError, "stores 3 of its 4 chunks", id="missing-chunk"),

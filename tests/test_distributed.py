@@ -80,6 +80,18 @@ def test_fsdp2_matches_torch_adamw_bitwise(tmp_path, variant):
     assert compare(job, "tiered", world_size=2, against=reference(job, 2)) == []
 
 
+def test_attached_durable_training_under_two_ranks_is_bitwise(tmp_path):
+    """attach + durable commits under FSDP2: the ranks' votes and barriers run on the training
+    loop's thread, in step with FSDP's collectives (on the worker thread they interleaved with
+    them and gloo aborted). ZeroRedundancyOptimizer is left out on purpose: it broadcasts the
+    parameters right after the local step returns, before an attached step has written them
+    (docs/integrations.md says so)."""
+    job = DistJob(state_dir=str(tmp_path / "state"), out_dir=str(tmp_path), steps=3, wrap="fsdp2", attach=True)
+    _ok(run_ranks(train_rank, world_size=2, args=(replace(job, optimizer="torch", attach=False), "torch")))
+    _ok(run_ranks(train_rank, world_size=2, args=(job, "tiered")))
+    assert compare(job, "tiered", world_size=2, against="torch") == []
+
+
 def test_zero_redundancy_optimizer_matches_torch_adamw_bitwise(tmp_path):
     job = DistJob(state_dir=str(tmp_path / "state"), out_dir=str(tmp_path), steps=3, wrap="zero")
     _ok(run_ranks(train_rank, world_size=2, args=(replace(job, optimizer="torch"), "torch")))

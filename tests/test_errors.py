@@ -481,6 +481,7 @@ def test_frozen_parameter_that_gets_a_gradient(tmp_path: Path, snapshot) -> None
     with build([a, b], state_dir=tmp_path / "state", ram_budget=SMALL_BUDGET) as opt:
         a.grad = torch.ones_like(a)
         opt.step()
+        opt.commit()  # commits finish in the background: let this one land before the snapshot
         b.requires_grad_(True)
         a.grad, b.grad = torch.ones_like(a), torch.ones_like(b)
         before = snapshot(tmp_path)

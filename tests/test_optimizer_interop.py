@@ -556,3 +556,26 @@ def test_an_unclosed_optimizer_is_closed_when_collected(tmp_path: Path) -> None:
     gc.collect()
     with TieredAdamW([w], lr=1e-2, state_dir=tmp_path / "s", durable=False, ram_budget="48KiB", shard_numel=1024, resume=True) as again:
         assert again.step_count == 1
+
+
+def test_copy_shares_the_state_and_deepcopy_or_pickle_name_the_way_to_save(tmp_path: Path) -> None:
+    """copy.copy (wrappers do it) shares the one open state; a deep copy or a pickle of files
+    on a drive cannot be made, and the error says what to use instead."""
+    import copy
+    import pickle
+
+    model, ref_model = two_models()
+    ref = torch.optim.AdamW(ref_model.parameters(), lr=1e-2, fused=True)
+    opt = tiered(model.parameters(), "disk", lr=1e-2)
+    train(model, opt, range(2))
+    shallow = copy.copy(opt)
+    train(model, shallow, range(2, 4))  # the same optimizer, two names
+    assert opt.step_count == 4
+    with pytest.raises(TypeError, match="state_dict"):
+        copy.deepcopy(opt)
+    with pytest.raises(TypeError, match="state_dict"):
+        pickle.dumps(opt)
+    train(ref_model, ref, range(4))
+    assert_same_params(model, ref_model)
+    del shallow
+    opt.close()

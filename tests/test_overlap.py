@@ -259,3 +259,65 @@ def test_a_failed_background_step_fails_the_next_call(monkeypatch) -> None:
     with pytest.raises(StepFailedError, match="resume=True"):
         opt.step()
     opt.close()
+
+
+def test_zero_grad_between_offloaded_backwards_drops_the_first(monkeypatch) -> None:
+    """With gradients offloaded to host buckets, zero_grad() must clear those buckets as torch clears .grad."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+    twin = copy.deepcopy(model)
+    opt = TieredAdamW(model.parameters(), lr=1e-2, shard_numel=512).attach(model, offload_grads=True)
+    ref = torch.optim.AdamW(twin.parameters(), lr=1e-2, fused=True)
+    for step in range(3):
+        for m, o in ((model, opt), (twin, ref)):
+            m(torch.full((2, 32), float(step + 1))).sum().backward()  # a backward whose gradients are dropped
+            o.zero_grad()
+            m(torch.linspace(-1, 1, 64).view(2, 32) * (step + 1)).square().sum().backward()
+            o.step()
+            o.zero_grad()
+    opt.synchronize()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
+    opt.close()
+
+
+class FunctionalHead(nn.Module):
+    """The head's weight is read with F.linear in the parent's forward, before any module's
+    forward runs: the head's own forward never runs, so only the root's hook can wait for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(torch.tanh(torch.nn.functional.linear(x, self.head.weight, self.head.bias)))
+
+
+def test_a_parameter_read_functionally_waits_for_its_update(monkeypatch) -> None:
+    real = ShardBoard.done
+
+    def slow_done(board, shard, upload=None):  # the update lags far behind the loop
+        import time
+
+        time.sleep(0.05)
+        real(board, shard, upload)
+
+    monkeypatch.setattr(ShardBoard, "done", slow_done)
+    torch.manual_seed(0)
+    model = FunctionalHead()
+    twin = copy.deepcopy(model)
+    opt = TieredAdamW(model.parameters(), lr=1e-2, shard_numel=64).attach(model)
+    ref = torch.optim.AdamW(twin.parameters(), lr=1e-2, fused=True)
+    losses: dict[str, list[float]] = {"tiered": [], "torch": []}
+    for step in range(4):
+        for name, m, o in (("tiered", model, opt), ("torch", twin, ref)):
+            loss = m(torch.ones(2, 16) * (step + 1)).square().mean()
+            losses[name].append(loss.item())
+            loss.backward()
+            o.step()
+            o.zero_grad()
+    assert losses["tiered"] == losses["torch"]
+    opt.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
+    opt.close()

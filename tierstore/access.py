@@ -13,13 +13,20 @@ form). ``TieredAdamW`` implements it.
   optimizer's budget; ``flat`` is valid only during the call. It returns
   how many shards it read from the drive: the shards visited last stay in
   their arena slots, and visiting one of them again reads nothing.
+  In a compressed moment format the values are decoded first.
+- :meth:`ShardAccess.visit_stored` calls ``visit(shard, extent)`` with the
+  shard's stored bytes instead (the extent, in the layout's moment format,
+  see :meth:`~tierstore.layout.Layout.stored_field`): what a checkpoint of
+  the same format copies without decoding.
 - :meth:`ShardAccess.replace_shards` calls ``fill(shard, flat)`` once per
   shard; ``fill`` must set every element (``flat`` arrives with stale
-  bytes). Then step counts, param-group hyperparameters and ``step_count``
-  are replaced, master copies are seeded from the parameters (or the
-  parameters take the loaded master values), and the result is committed
-  as one step. A failure part-way leaves the optimizer refusing use; the
-  committed state on disk is untouched.
+  bytes), and in a compressed format the values are then encoded (with
+  ``stored=True``, ``fill`` gets the extent and sets every stored byte).
+  Then step counts, param-group hyperparameters and ``step_count`` are
+  replaced, master copies are seeded from the parameters (or the parameters
+  take the loaded master values), and the result is committed as one step.
+  A failure part-way leaves the optimizer refusing use; the committed state
+  on disk is untouched.
 
 Example
 -------
@@ -73,7 +80,10 @@ class ShardAccess(Protocol):
         """Raise ``ClosedError``/``StepFailedError`` if the state cannot be read or replaced."""
 
     def visit_shards(self, visit: ShardVisit, shards: Iterable[int] | None = None) -> int:
-        """Call ``visit(shard, flat)`` with every shard's current values (or those listed), read-only; return the shards read."""
+        """Call ``visit(shard, flat)`` with every shard's current fp32 values (or those listed), read-only; return the shards read."""
+
+    def visit_stored(self, visit: ShardVisit, shards: Iterable[int] | None = None) -> None:
+        """Call ``visit(shard, extent)`` with every shard's stored bytes (or those listed), read-only."""
 
     def replace_shards(
         self,
@@ -83,5 +93,6 @@ class ShardAccess(Protocol):
         groups: list[dict[str, Any]] | None = None,
         masters_given: set[int] | None = None,
         step_count: int | None = None,
+        stored: bool = False,
     ) -> None:
         """Overwrite the whole state shard by shard, then its steps and groups, and commit it."""

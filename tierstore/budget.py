@@ -1,10 +1,14 @@
 """How a RAM budget splits into the streaming arena and resident shards (pure arithmetic).
 
 The arena comes first: ``arena_slots`` slots, each big enough for the largest
-shard, plus the staging buffers the update needs. What is left of the budget
-keeps whole shards resident in RAM, in shard order; the rest live on disk.
-With no budget, or a budget that holds all the state, everything is resident
-and no arena (and no file) is needed.
+shard's extent (its stored bytes, in the layout's moment format), plus the
+staging buffers the update needs and, for a compressed format, the fp32
+scratch a shard is decoded into (one, shared by every slot and resident
+shard: one shard is updated or visited at a time). What is left of the
+budget keeps whole shards resident in RAM, in shard order, stored in their
+compressed form (so a compressed format keeps more of them); the rest live
+on disk. With no budget, or a budget that holds all the state, everything
+is resident and no arena (and no file) is needed.
 
 Example
 -------
@@ -48,6 +52,7 @@ class TierPlan:
     resident_nbytes: int
     state_nbytes: int
     ram_budget: int | None
+    scratch_nbytes: int = 0  # fp32 scratch a compressed format decodes into
 
     @property
     def arena_nbytes(self) -> int:
@@ -55,8 +60,8 @@ class TierPlan:
 
     @property
     def ram_nbytes(self) -> int:
-        """Host RAM the optimizer state uses: arena, staging and resident shards."""
-        return self.arena_nbytes + self.staging_nbytes + self.resident_nbytes
+        """Host RAM the optimizer state uses: arena, staging, decode scratch and resident shards."""
+        return self.arena_nbytes + self.staging_nbytes + self.scratch_nbytes + self.resident_nbytes
 
     @property
     def disk_nbytes(self) -> int:
@@ -75,8 +80,12 @@ def plan_tiers(
     ram_budget: int | None,
     arena_slots: int,
     staging_buffers: int = 0,
+    workers: int = 1,
 ) -> TierPlan:
-    """Split ``ram_budget`` into arena, staging and resident shards.
+    """Split ``ram_budget`` into arena, staging, decode scratch and resident shards.
+
+    ``workers`` is the most threads a compressed update runs on (its scratch
+    holds a chunk per worker, :meth:`~tierstore.layout.Layout.scratch_nbytes`).
 
     Raises
     ------
@@ -91,20 +100,22 @@ def plan_tiers(
     state = layout.state_nbytes
     sizes = [layout.shard_nbytes(s) for s in layout.shards]
     staging = staging_nbytes(layout, staging_buffers)
+    scratch = layout.scratch_nbytes(workers)
     everything = tuple(range(len(sizes)))
-    if ram_budget is None or state + staging <= ram_budget:
-        return TierPlan(everything, (), 0, layout.slot_nbytes, staging, state, state, ram_budget)
+    if ram_budget is None or state + staging + scratch <= ram_budget:
+        return TierPlan(everything, (), 0, layout.slot_nbytes, staging, state, state, ram_budget, scratch)
     arena = arena_slots * layout.slot_nbytes
-    if arena + staging > ram_budget:
-        need = arena + staging
+    if arena + staging + scratch > ram_budget:
+        need = arena + staging + scratch
         raise BudgetError(
             f"ram_budget={format_size(ram_budget)} ({ram_budget} bytes) cannot hold the streaming "
             f"arena: {arena_slots} slots x {format_size(layout.slot_nbytes)}"
             + (f" + {format_size(staging)} of staging" if staging else "")
+            + (f" + {format_size(scratch)} of {layout.format.name} decode scratch" if scratch else "")
             + f" = {format_size(need)}. Raise ram_budget to at least {need} bytes, or lower "
             f"shard_numel (now {layout.shard_numel}) or prefetch_depth"
         )
-    left = ram_budget - arena - staging
+    left = ram_budget - arena - staging - scratch
     resident = []
     for index, size in enumerate(sizes):
         if size > left:
@@ -114,4 +125,6 @@ def plan_tiers(
     resident_bytes = sum(sizes[i] for i in resident)
     kept = set(resident)
     disk = tuple(i for i in everything if i not in kept)
-    return TierPlan(tuple(resident), disk, arena_slots, layout.slot_nbytes, staging, resident_bytes, state, ram_budget)
+    return TierPlan(
+        tuple(resident), disk, arena_slots, layout.slot_nbytes, staging, resident_bytes, state, ram_budget, scratch
+    )

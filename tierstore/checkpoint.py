@@ -1,6 +1,6 @@
 """Streaming checkpoints in zarr v3, and conversions to and from ``torch.optim.AdamW`` state dicts.
 
-A checkpoint is a zarr v3 group holding one 1-D float32 array per state field
+A checkpoint is a zarr v3 group holding one 1-D array per state field
 (``exp_avg``, ``exp_avg_sq``, and ``max_exp_avg_sq`` / ``master_param`` when
 present) over the layout's flat index space, chunked so that every shard is
 exactly one chunk. The group's attributes name the format, the layout, the
@@ -11,14 +11,27 @@ any parameter's state without tierstore::
     p = g.attrs["params"][3]
     exp_avg = g["exp_avg"][p["start"] : p["start"] + p["numel"]].reshape(p["shape"])
 
-Saving streams shard by shard through the optimizer's arena, loading streams
-back; both go through the optimizer's public access protocol
-(:mod:`tierstore.access`: ``visit_shards``, ``replace_shards``). The chunk
-files are written from and read into the arena itself
-(:mod:`tierstore.chunkfile`; zarr writes and reads the metadata), so neither
-needs RAM beyond ``ram_budget`` but a 1 MiB scratch buffer, used when the
-loading optimizer cuts its shards elsewhere than the checkpoint's chunks.
-The full layout is in ``docs/checkpoints.md``.
+Moments are stored in the optimizer's ``moment_dtype`` (the group attribute
+``moment_dtype``; float32 when absent): float32 arrays as above; ``bfloat16``
+as uint16 arrays of the bfloat16 bits (``(codes.astype("uint32") << 16).view("float32")``);
+``int8`` as uint8 code arrays plus a float32 ``<key>_scales`` array (one
+scale per 256 elements) and the 255-value map in the code array's ``map``
+attribute (``map[code] * scales[i // 256]`` in float32 at flat index ``i``;
+code 255 is NaN). Loading
+converts: a checkpoint of any format loads into an optimizer of any format
+(same format: the stored bytes are copied; otherwise decoded and encoded).
+
+Saving streams shard by shard through the optimizer's arena (one chunk of
+each field in flight), loading streams back; both go through the optimizer's
+public access protocol (:mod:`tierstore.access`: ``visit_shards``,
+``replace_shards``). The chunk files of float32 arrays (masters, fp32
+moments, int8 scales) are written from and read into the arena itself
+(:mod:`tierstore.chunkfile`; zarr writes and reads the metadata), so they
+need no RAM beyond ``ram_budget`` but a 1 MiB scratch buffer, used when the
+loading optimizer cuts its shards elsewhere than the checkpoint's chunks;
+the code arrays of a compressed format (a half or a quarter of a float32
+chunk) go through zarr, one chunk in flight. The full layout is in
+``docs/checkpoints.md``.
 
 A checkpoint is written into a hidden sibling directory, synced, and renamed
 into place, so ``path`` holds a complete checkpoint or none.
@@ -59,6 +72,7 @@ import zarr
 from zarr.codecs import Crc32cCodec
 from zarr.core.buffer import default_buffer_prototype
 
+from . import codecs
 from . import manifest as manifest_mod
 from ._version import __version__
 from .access import ShardAccess
@@ -76,6 +90,7 @@ from .layout import (
     DEFAULT_SHARD_NUMEL,
     FIELD_OF_STATE_KEY,
     MASTER_KEY,
+    MOMENT_FIELDS,
     STATE_KEY_OF_FIELD,
     Layout,
     ShardSpec,
@@ -87,7 +102,8 @@ from .torch_format import empty_state_dict, flat_sources, positions, require_ams
 log = logging.getLogger(__name__)
 
 FORMAT_NAME = "tierstore-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: compressed moments (written only for them; float32 checkpoints stay version 1)
+SCALES_SUFFIX = "_scales"
 CHECKSUMS = ("xxh3", "crc32c", None)
 SYNC_WINDOW = 2  # shards whose chunk files may still be syncing while the next is written
 
@@ -120,9 +136,19 @@ class _Header:
             if "master" in layout.fields:
                 entry["has_master"] = p.trainable and (self.has_master is None or self.has_master[p.index])
             index.append(entry)
+        fmt = layout.format
+        extra = {}
+        if layout.encoded:
+            extra = {
+                "moment_dtype": fmt.name,
+                "scale_arrays": {
+                    STATE_KEY_OF_FIELD[f]: _scales_name(f) for f in layout.fields if f in MOMENT_FIELDS and fmt.block_numel
+                },
+            }
         return {
             "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
+            "format_version": FORMAT_VERSION if layout.encoded else 1,
+            **extra,
             "tierstore_version": __version__,
             "source": self.source,
             "fingerprint": layout.fingerprint,
@@ -158,30 +184,26 @@ class _Writer:
         try:
             group = zarr.open_group(str(self.tmp), mode="w", zarr_format=3)
             group.attrs.put(header.attributes(checksum))
-            total = self.layout.total_numel
-            chunk = self.layout.shard_numel
-            self.arrays = {
-                field: group.create_array(
-                    STATE_KEY_OF_FIELD[field],
-                    shape=(total,),
-                    chunks=(chunk,),
-                    dtype="float32",
-                    fill_value=0.0,
-                    compressors=[Crc32cCodec()] if checksum == "crc32c" else None,
-                    # Every chunk is stored, zeros too: a missing chunk file is then corruption.
-                    config={"write_empty_chunks": True},
-                    attributes={"field": field},
-                )
-                for field in self.layout.fields
-            }
-            # Chunk files are written straight from the caller's buffer (zarr would copy each one).
-            self.files = {
-                field: ChunkFiles.of(self.tmp / STATE_KEY_OF_FIELD[field], array) for field, array in self.arrays.items()
-            }
+            self.arrays = {}
+            for field in self.layout.fields:
+                for name, (dtype, numel, chunk, attributes) in _array_specs(self.layout, field).items():
+                    self.arrays[name] = group.create_array(
+                        name,
+                        shape=(numel,),
+                        chunks=(chunk,),
+                        dtype=dtype,
+                        fill_value=0,
+                        compressors=[Crc32cCodec()] if checksum == "crc32c" else None,
+                        # Every chunk is stored, zeros too: a missing chunk file is then corruption.
+                        config={"write_empty_chunks": True},
+                        attributes=attributes,
+                    )
+            # Float32 chunk files are written straight from the caller's buffer (zarr would copy each one).
+            self.files = {name: ChunkFiles.of(self.tmp / name, array) for name, array in self.arrays.items()}
         except BaseException:
             shutil.rmtree(self.tmp, ignore_errors=True)
             raise
-        self.digests: dict[str, list[str | None]] = {f: [None] * len(self.layout.shards) for f in self.layout.fields}
+        self.digests: dict[str, list[str | None]] = {name: [None] * len(self.layout.shards) for name in self.arrays}
         self._sync_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierstore-checkpoint-sync")
         self._syncs: deque[Future] = deque()
 
@@ -201,21 +223,35 @@ class _Writer:
             )
 
     def write(self, shard: ShardSpec, field: str, data: torch.Tensor) -> None:
-        """Store ``data`` (``shard.capacity`` fp32 elements) as the shard's chunk of ``field``.
+        """Store ``data`` (``shard.capacity`` fp32 elements) as the shard's chunk of an fp32 ``field``.
 
         Raises
         ------
         DiskFullError
             If the drive is full (nothing is left at ``path``).
         """
-        values = data.numpy()
-        array = self.arrays[field]
-        files = self.files[field]
+        self._put(STATE_KEY_OF_FIELD[field], shard, shard.start, data.numpy())
+
+    def write_stored(self, shard: ShardSpec, field: str, stored: torch.Tensor) -> None:
+        """Store a field's stored bytes (from a shard's extent, in the layout's format) as its chunks."""
+        layout = self.layout
+        if field not in MOMENT_FIELDS or not layout.encoded:
+            self.write(shard, field, stored.view(torch.float32)[: shard.capacity])
+            return
+        fmt = layout.format
+        codes, scales = codecs.split(fmt, stored, shard.capacity)
+        self._put(STATE_KEY_OF_FIELD[field], shard, shard.start, _numpy_codes(codes))
+        if scales is not None:
+            self._put(_scales_name(field), shard, shard.start // fmt.block_numel, scales.numpy())
+
+    def _put(self, name: str, shard: ShardSpec, lo: int, values: np.ndarray) -> None:
+        array = self.arrays[name]
+        files = self.files[name]
         try:
-            if files is not None:
+            if files is not None:  # a chunk is a shard's part: chunk index = shard index
                 _write_chunk_file(files, shard.index, memoryview(values).cast("B"))
-            else:  # an encoding tierstore does not write itself (a future zarr default): zarr's path
-                array[shard.start : shard.start + shard.capacity] = values
+            else:  # a code array (or an encoding tierstore does not write itself): zarr's path
+                array[lo : lo + values.size] = values
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise DiskFullError(
@@ -224,8 +260,8 @@ class _Writer:
                 ) from exc
             raise
         if self.checksum == "xxh3":
-            self.digests[field][shard.index] = shard_checksum(memoryview(values).cast("B"))
-        chunk_file = self.tmp / STATE_KEY_OF_FIELD[field] / array.metadata.encode_chunk_key((shard.index,))
+            self.digests[name][shard.index] = shard_checksum(memoryview(values).cast("B"))
+        chunk_file = self.tmp / name / array.metadata.encode_chunk_key((shard.index,))
         self._syncs.append(self._sync_pool.submit(sync_and_drop, chunk_file))
         # Sync behind the writes, at most two shards behind: the drive works while the
         # next shards are written, and dirty page cache stays bounded for huge states.
@@ -235,11 +271,11 @@ class _Writer:
     def finish(self) -> None:
         """Record the checksums, make every file durable, and rename the checkpoint into place."""
         if self.checksum == "xxh3":
-            for field, digests in self.digests.items():
+            for name, digests in self.digests.items():
                 missing = [i for i, d in enumerate(digests) if d is None]
                 if missing:  # a bug in the caller, not a user error
-                    raise RuntimeError(f"checkpoint field {field} is missing shards {missing[:5]}; this is a bug")
-                self.arrays[field].attrs.update({"chunk_checksum": "xxh3_64", "chunk_checksums": digests})
+                    raise RuntimeError(f"checkpoint array {name} is missing shards {missing[:5]}; this is a bug")
+                self.arrays[name].attrs.update({"chunk_checksum": "xxh3_64", "chunk_checksums": digests})
         self._drain()
         for dirpath, _dirnames, filenames in os.walk(self.tmp):
             for name in filenames:
@@ -284,6 +320,40 @@ class _Writer:
 def _write_chunk_file(files: ChunkFiles, index: int, data: memoryview) -> None:
     """Write one chunk file (a seam: the disk-full test makes it raise ``ENOSPC``)."""
     files.write(index, data)
+
+
+def _scales_name(field: str) -> str:
+    return STATE_KEY_OF_FIELD[field] + SCALES_SUFFIX
+
+
+def _numpy_codes(codes: torch.Tensor) -> np.ndarray:
+    """Codes as NumPy (bfloat16 as the uint16 of its bits: NumPy has no bfloat16)."""
+    if codes.dtype == torch.bfloat16:
+        return codes.view(torch.int16).numpy().view(np.uint16)
+    return codes.numpy()
+
+
+def _array_specs(layout: Layout, field: str) -> dict[str, tuple[str, int, int, dict[str, Any]]]:
+    """The arrays holding ``field`` in a checkpoint of ``layout``: name -> (dtype, length, chunk, attributes)."""
+    total, chunk, fmt = layout.total_numel, layout.shard_numel, layout.format
+    key = STATE_KEY_OF_FIELD[field]
+    if field not in MOMENT_FIELDS or fmt.exact:
+        return {key: ("float32", total, chunk, {"field": field})}
+    if fmt.code_itemsize == 2:
+        return {key: ("uint16", total, chunk, {
+            "field": field, "encoding": "bfloat16",
+            "decode": "(codes.astype('uint32') << 16).view('float32')",
+        })}
+    bn = fmt.block_numel
+    values = codecs.int8_map(fmt, field)
+    return {
+        key: ("uint8", total, chunk, {
+            "field": field, "encoding": "int8-blockwise", "block_numel": bn, "scales": _scales_name(field),
+            "nonfinite_code": codecs.NONFINITE_CODE, "map": [float(v) for v in values],
+            "decode": "numpy.append(map, numpy.nan).astype('float32')[codes] * scales[i // block_numel] (i: the flat index)",
+        }),
+        _scales_name(field): ("float32", total // bn, chunk // bn, {"field": field, "scales_of": key, "block_numel": bn}),
+    }
 
 
 def _fsync_file(path: Path) -> None:
@@ -355,11 +425,11 @@ def save_checkpoint(opt: ShardAccess, path: str | os.PathLike, *, overwrite: boo
     )
     with _Writer(path, header, overwrite=overwrite, checksum=checksum) as writer:
 
-        def visit(shard: ShardSpec, flat: torch.Tensor) -> None:
-            for field, values in layout.field_views(flat, shard).items():
-                writer.write(shard, field, values)
+        def visit(shard: ShardSpec, extent: torch.Tensor) -> None:
+            for field in layout.fields:
+                writer.write_stored(shard, field, layout.stored_field(extent, shard, field))
 
-        opt.visit_shards(visit)
+        opt.visit_stored(visit)  # the stored bytes: a compressed format is copied, not decoded
     log.info("saved checkpoint of step %d to %s", opt.step_count, path)
 
 
@@ -418,9 +488,9 @@ def export_statedir(
             source="state_dir",
         )
         with _Writer(path, header, overwrite=overwrite, checksum=checksum) as writer:
-            for shard, flat in reader.iter_shards():
-                for field, values in reader.layout.field_views(flat, shard).items():
-                    writer.write(shard, field, values)
+            for shard, extent in reader.iter_extents():
+                for field in reader.layout.fields:
+                    writer.write_stored(shard, field, reader.layout.stored_field(extent, shard, field))
                 if progress is not None:
                     progress(reader.layout.shard_nbytes(shard))
 
@@ -474,33 +544,40 @@ class _Checkpoint:
             raise CorruptStateError(f"the attributes of checkpoint {self.path} are incomplete ({exc!r})") from exc
         if len(self.params) != len(self.layout.params) or len(self.param_steps) != len(self.layout.params):
             raise CorruptStateError(f"the parameter index of checkpoint {self.path} does not match its layout")
-        self.arrays: dict[str, Any] = {}
-        self.chunk_checksums: dict[str, list[str] | None] = {}
-        self.files: dict[str, ChunkFiles | None] = {}
+        self.format = self.layout.format
+        self.arrays: dict[str, Any] = {}  # field -> its (code) array
+        self.scales: dict[str, Any] = {}  # field -> its scales array (int8)
+        self.chunk_checksums: dict[str, list[str] | None] = {}  # array name -> per-chunk checksums
+        self.files: dict[str, ChunkFiles | None] = {}  # array name -> its chunk files (float32 arrays)
         for name in names:
             field = FIELD_OF_STATE_KEY.get(name)
             if field is None or field not in self.layout.fields:
                 raise CorruptStateError(f"checkpoint {self.path} lists an unknown array {name!r}")
-            self.arrays[field] = arr = self._open_array(group, name)
-            sums = arr.attrs.get("chunk_checksums")
-            if attrs.get("checksum") == "xxh3" and (not isinstance(sums, list) or len(sums) != len(self.layout.shards)):
-                raise CorruptStateError(f"array {name} of checkpoint {self.path} lacks its chunk checksums")
-            self.chunk_checksums[field] = sums if attrs.get("checksum") == "xxh3" else None
-            self.files[field] = ChunkFiles.of(self.path / name, arr)
-        self._scratch: dict[str, tuple[int, np.ndarray]] = {}  # whole chunks, for encodings read through zarr
+            for array_name, spec in _array_specs(self.layout, field).items():
+                arr = self._open_array(group, array_name, spec)
+                if array_name == name:
+                    self.arrays[field] = arr
+                else:
+                    self.scales[field] = arr
+                sums = arr.attrs.get("chunk_checksums")
+                if attrs.get("checksum") == "xxh3" and (not isinstance(sums, list) or len(sums) != len(self.layout.shards)):
+                    raise CorruptStateError(f"array {array_name} of checkpoint {self.path} lacks its chunk checksums")
+                self.chunk_checksums[array_name] = sums if attrs.get("checksum") == "xxh3" else None
+                self.files[array_name] = ChunkFiles.of(self.path / array_name, arr)
+        self._cache: dict[str, tuple[int, np.ndarray]] = {}  # array name or field -> (chunk, its values)
         self._stream: mmap.mmap | None = None  # 1 MiB, for chunks only partly wanted (unmapped with the checkpoint)
 
-    def _open_array(self, group: Any, name: str) -> Any:
+    def _open_array(self, group: Any, name: str, spec: tuple[str, int, int, dict]) -> Any:
         where = f"array {name} of checkpoint {self.path}"
         try:
             arr = group[name]
         except Exception as exc:
             raise CorruptStateError(f"{where} is missing or unreadable ({exc}); the checkpoint is damaged") from exc
-        total, chunk = self.layout.total_numel, self.layout.shard_numel
-        if tuple(arr.shape) != (total,) or tuple(arr.chunks) != (chunk,) or arr.dtype != np.float32:
+        dtype, numel, chunk, _ = spec
+        if tuple(arr.shape) != (numel,) or tuple(arr.chunks) != (chunk,) or arr.dtype != np.dtype(dtype):
             raise CorruptStateError(
-                f"{where} is {arr.shape} {arr.dtype} in chunks of {arr.chunks}; its layout needs ({total},) "
-                f"float32 in chunks of ({chunk},)"
+                f"{where} is {arr.shape} {arr.dtype} in chunks of {arr.chunks}; its layout needs ({numel},) "
+                f"{dtype} in chunks of ({chunk},)"
             )
         stored = arr.nchunks_initialized
         if stored != arr.nchunks:
@@ -514,26 +591,31 @@ class _Checkpoint:
     def has_master(self) -> list[bool]:
         return [bool(p.get("has_master", p["trainable"])) for p in self.params]
 
-    def _where(self, field: str, index: int) -> str:
-        lo = index * self.layout.shard_numel
-        hi = lo + self.layout.shards[index].capacity
-        return f"chunk {index} (elements {lo}..{hi}) of array {STATE_KEY_OF_FIELD[field]} in {self.path}"
+    def array_names(self) -> list[str]:
+        """Every array of the checkpoint (codes and scales), as stored."""
+        return list(self.chunk_checksums)
 
-    def _check(self, field: str, index: int, got: str | None) -> None:
-        sums = self.chunk_checksums[field]
-        if sums is not None and got != sums[index]:
-            raise CorruptStateError(
-                f"{self._where(field, index)} fails its checksum: expected {sums[index]}, read {got}; the "
-                "checkpoint is corrupt, write it again"
-            )
+    def _array(self, name: str) -> Any:
+        field = FIELD_OF_STATE_KEY.get(name)
+        if field is not None:
+            return self.arrays[field]
+        return self.scales[FIELD_OF_STATE_KEY[name.removesuffix(SCALES_SUFFIX)]]
 
-    def _read_file(self, field: str, index: int, out: np.ndarray, offset: int = 0) -> None:
+    def _where(self, name: str, index: int) -> str:
+        arr = self._array(name)
+        lo = index * arr.chunks[0]
+        hi = min(lo + arr.chunks[0], arr.shape[0])
+        return f"chunk {index} (elements {lo}..{hi}) of array {name} in {self.path}"
+
+    def _read_file(self, name: str, index: int, out: np.ndarray, offset: int = 0) -> None:
         """Elements ``[offset, offset + out.size)`` of chunk ``index`` into ``out``, straight from its file, verified."""
-        files = self.files[field]
+        files = self.files[name]
         assert files is not None
-        valid = self.layout.shards[index].capacity * 4
-        digests = BlockDigests(valid) if self.chunk_checksums[field] is not None else None
-        whole = offset == 0 and out.size * 4 == valid
+        arr = self._array(name)
+        chunk = arr.chunks[0]
+        valid = min(chunk, arr.shape[0] - index * chunk) * out.itemsize
+        digests = BlockDigests(valid) if self.chunk_checksums[name] is not None else None
+        whole = offset == 0 and out.nbytes == valid
         if not whole and self._stream is None:
             self._stream = mmap.mmap(-1, SCRATCH_NBYTES)  # not malloc: glibc would keep it after use
         try:
@@ -541,63 +623,123 @@ class _Checkpoint:
                 index,
                 memoryview(out).cast("B"),
                 valid_nbytes=valid,
-                offset=offset * 4,
+                offset=offset * out.itemsize,
                 digests=digests,
                 scratch=None if whole else memoryview(self._stream),
             )
         except (OSError, ValueError) as exc:  # missing, truncated, or a crc32c mismatch
-            raise CorruptStateError(f"{self._where(field, index)} is corrupt ({exc}); write the checkpoint again") from exc
-        self._check(field, index, None if digests is None else digests.value())
+            raise CorruptStateError(f"{self._where(name, index)} is corrupt ({exc}); write the checkpoint again") from exc
+        sums = self.chunk_checksums[name]
+        got = None if digests is None else digests.value()
+        if sums is not None and got != sums[index]:
+            raise CorruptStateError(
+                f"{self._where(name, index)} fails its checksum: expected {sums[index]}, read {got}; the "
+                "checkpoint is corrupt, write it again"
+            )
 
-    def read_chunk(self, field: str, index: int, out: np.ndarray) -> None:
-        """Read chunk ``index`` of ``field`` into ``out`` (its exact size) and verify it."""
-        if self.files[field] is not None:
-            self._read_file(field, index, out)
+    def verify_chunk(self, name: str, index: int) -> None:
+        """Read chunk ``index`` of array ``name`` and verify it, keeping nothing (float32: 1 MiB of scratch)."""
+        if self.files[name] is not None:
+            self._read_file(name, index, np.empty(0, dtype=np.float32))
             return
-        arr = self.arrays[field]
-        lo = index * self.layout.shard_numel
+        arr = self._array(name)
+        chunk = arr.chunks[0]
+        cached = self._cache.pop(name, None)  # its bytes are about to change
+        buffer = cached[1] if cached is not None else np.empty(chunk, dtype=arr.dtype)
+        self.read_chunk(name, index, buffer[: min(chunk, arr.shape[0] - index * chunk)])
+
+    def read_chunk(self, name: str, index: int, out: np.ndarray) -> None:
+        """Read chunk ``index`` of array ``name`` into ``out`` (its exact size and dtype) and verify it."""
+        if self.files[name] is not None:
+            self._read_file(name, index, out)
+            return
+        arr = self._array(name)
+        chunk = arr.chunks[0]
+        lo = index * chunk
+        where = f"chunk {index} (elements {lo}..{lo + out.size}) of array {name} in {self.path}"
         try:
             arr.get_basic_selection(slice(lo, lo + out.size), out=default_buffer_prototype().nd_buffer.from_numpy_array(out))
         except Exception as exc:  # a crc32c mismatch or a truncated file surfaces as ValueError
-            raise CorruptStateError(f"{self._where(field, index)} is corrupt ({exc}); write the checkpoint again") from exc
-        if self.chunk_checksums[field] is not None:
-            self._check(field, index, shard_checksum(memoryview(out).cast("B")))
+            raise CorruptStateError(f"{where} is corrupt ({exc}); write the checkpoint again") from exc
+        sums = self.chunk_checksums[name]
+        if sums is not None:
+            got = shard_checksum(memoryview(out).cast("B"))
+            if got != sums[index]:
+                raise CorruptStateError(
+                    f"{where} fails its checksum: expected {sums[index]}, read {got}; the checkpoint is "
+                    "corrupt, write it again"
+                )
 
-    def verify_chunk(self, field: str, index: int) -> None:
-        """Read chunk ``index`` of ``field`` and verify it, keeping nothing (1 MiB of scratch)."""
-        if self.files[field] is not None:
-            self._read_file(field, index, np.empty(0, dtype=np.float32))
-            return
-        cached = self._scratch.get(field)
-        buffer = cached[1] if cached is not None else np.empty(self.layout.shard_numel, dtype=np.float32)
-        self._scratch.pop(field, None)  # its bytes are about to change
-        self.read_chunk(field, index, buffer[: self.layout.shards[index].capacity])
-
-    def read_range(self, field: str, lo: int, out: np.ndarray) -> None:
-        """Elements ``[lo, lo + out.size)`` of ``field`` into ``out``, verified chunk by chunk.
-
-        Whole chunks go straight into ``out``; a chunk only partly wanted (the
-        reader's shards are cut elsewhere) streams through a 1 MiB scratch
-        buffer and is verified whole on the way (an encoding read through
-        zarr is read once into a scratch chunk instead).
-        """
+    def _ranged(
+        self,
+        name: str,
+        lo: int,
+        out: np.ndarray,
+        read: Callable[[int, np.ndarray], None],
+        chunk: int,
+        total: int,
+        *,
+        files: bool = False,
+    ) -> None:
+        """Elements ``[lo, lo + out.size)`` through ``read(chunk_index, out)``, whole chunks straight
+        into ``out``; a chunk only partly wanted streams from its file through 1 MiB of scratch
+        (``files``: array ``name`` has chunk files), or is read once into a cached buffer."""
         hi = lo + out.size
-        chunk, total = self.layout.shard_numel, self.layout.total_numel
         for index in range(lo // chunk, -(-hi // chunk)):
             c0, c1 = index * chunk, min((index + 1) * chunk, total)
             a, b = max(lo, c0), min(hi, c1)
             if a == c0 and b == c1:
-                self.read_chunk(field, index, out[a - lo : b - lo])
+                read(index, out[a - lo : b - lo])
                 continue
-            if self.files[field] is not None:
-                self._read_file(field, index, out[a - lo : b - lo], offset=a - c0)
+            if files:
+                self._read_file(name, index, out[a - lo : b - lo], offset=a - c0)
                 continue
-            cached = self._scratch.get(field)
+            cached = self._cache.get(name)
             if cached is None or cached[0] != index:
-                buffer = cached[1] if cached is not None else np.empty(chunk, dtype=np.float32)
-                self.read_chunk(field, index, buffer[: c1 - c0])
-                self._scratch[field] = cached = (index, buffer)
+                buffer = cached[1] if cached is not None else np.empty(chunk, dtype=out.dtype)
+                read(index, buffer[: c1 - c0])
+                self._cache[name] = cached = (index, buffer)
             out[a - lo : b - lo] = cached[1][a - c0 : b - c0]
+
+    def read_range(self, name: str, lo: int, out: np.ndarray) -> None:
+        """Elements ``[lo, lo + out.size)`` of array ``name`` as stored, verified chunk by chunk."""
+        arr = self._array(name)
+        self._ranged(
+            name, lo, out, lambda i, o: self.read_chunk(name, i, o), arr.chunks[0], arr.shape[0], files=self.files[name] is not None
+        )
+
+    def read_values(self, field: str, lo: int, out: np.ndarray) -> None:
+        """The fp32 values ``[lo, lo + out.size)`` of ``field`` (decoded in a compressed format)."""
+        if field not in MOMENT_FIELDS or not self.layout.encoded:
+            self.read_range(STATE_KEY_OF_FIELD[field], lo, out)
+            return
+        self._ranged(field, lo, out, lambda i, o: self._decode_chunk(field, i, o), self.layout.shard_numel, self.layout.total_numel)
+
+    def _decode_chunk(self, field: str, index: int, out: np.ndarray) -> None:
+        fmt, key = self.format, STATE_KEY_OF_FIELD[field]
+        n = out.size
+        codes = np.empty(n, dtype=self.arrays[field].dtype)
+        self.read_chunk(key, index, codes)
+        scales = None
+        if fmt.block_numel:
+            scales = torch.from_numpy(np.empty(fmt.num_blocks(n), dtype=np.float32))
+            self.read_chunk(_scales_name(field), index, scales.numpy())
+        code_tensor = torch.from_numpy(codes)
+        if fmt.code_itemsize == 2:
+            code_tensor = code_tensor.view(torch.bfloat16)
+        codecs.decode_chunk(fmt, field, code_tensor, scales, torch.from_numpy(out))
+
+    def read_stored(self, field: str, shard: ShardSpec, stored: torch.Tensor) -> None:
+        """A field's stored bytes for ``shard`` of a layout of this checkpoint's format and flat space."""
+        fmt = self.format
+        if field not in MOMENT_FIELDS or not self.layout.encoded:
+            self.read_range(STATE_KEY_OF_FIELD[field], shard.start, stored.view(torch.float32)[: shard.capacity].numpy())
+            return
+        stored.zero_()  # padding
+        codes, scales = codecs.split(fmt, stored, shard.capacity)
+        self.read_range(STATE_KEY_OF_FIELD[field], shard.start, _numpy_codes(codes))
+        if scales is not None:
+            self.read_range(_scales_name(field), shard.start // fmt.block_numel, scales.numpy())
 
 
 def _check_same_model(ck: _Checkpoint, mine: Layout, n_groups: int) -> None:
@@ -613,24 +755,18 @@ def _check_same_model(ck: _Checkpoint, mine: Layout, n_groups: int) -> None:
         raise LayoutMismatchError(f"{where} has {len(ck.param_groups)} param groups, this optimizer has {n_groups}. {fix}")
     for saved, p in zip(ck.params, mine.params):
         shape = None if saved["shape"] is None else tuple(saved["shape"])
+        # Flat starts may differ (another moment format aligns parameters to its blocks):
+        # the load maps each parameter's elements.
         differs = (
             saved["group"] != p.group
             or bool(saved["trainable"]) != p.trainable
             or (shape is not None and shape != p.shape)
-            or (p.trainable and saved["start"] != p.start)
         )
         if differs:
             def text(shape: Any, group: int, trainable: bool) -> str:
                 return f"shape {shape if shape is not None else '(unknown)'} in group {group}{'' if trainable else ', frozen'}"
 
             hint = fix
-            same_kind = bool(saved["trainable"]) == p.trainable and shape == p.shape and saved["group"] == p.group
-            if same_kind and p.trainable and saved["start"] != p.start:
-                hint = (
-                    f"Its flat start is {saved['start']} instead of {p.start}: the checkpoint was laid out by "
-                    "a tierstore with other alignment rules; export it to a torch state dict with that "
-                    "version and convert it back with this one"
-                )
             if shape is None:
                 hint = (
                     "It was converted from a torch state dict in which this parameter had no state; "
@@ -654,7 +790,10 @@ def load_checkpoint(opt: ShardAccess, path: str | os.PathLike) -> None:
     that keeps none (fp32 CPU parameters without ``keep_master``), as
     ``load_state_dict`` does; an optimizer that keeps them seeds them from
     its parameters when the checkpoint has none. A missing
-    ``max_exp_avg_sq`` loads as zeros.
+    ``max_exp_avg_sq`` loads as zeros. The checkpoint's ``moment_dtype`` may
+    differ from the optimizer's: the moments are decoded and encoded (with
+    the same format and flat space, the stored bytes are copied, bit for
+    bit). This is how a state directory changes format (``docs/formats.md``).
 
     Raises
     ------
@@ -687,13 +826,29 @@ def load_checkpoint(opt: ShardAccess, path: str | os.PathLike) -> None:
     if "master" in ck.arrays and "master" not in layout.fields:
         log.info("%s holds master weights; this optimizer keeps none (fp32 parameters), so they are not loaded", ck.path)
 
+    same_space = all(p.start == saved["start"] for p, saved in zip(layout.params, ck.params) if p.trainable)
+    copy_stored = same_space and ck.format == layout.format
+
+    def fill_stored(shard: ShardSpec, extent: torch.Tensor) -> None:
+        for field in layout.fields:
+            stored = layout.stored_field(extent, shard, field)
+            if field in ck.arrays:
+                ck.read_stored(field, shard, stored)
+            else:
+                stored.zero_()  # max_exp_avg_sq the checkpoint lacks (zero bytes: zeros); a master is seeded afterwards
+
     def fill(shard: ShardSpec, flat: torch.Tensor) -> None:
         for field, values in layout.field_views(flat, shard).items():
             out = values.numpy()
-            if field in ck.arrays:
-                ck.read_range(field, shard.start, out)
-            else:
-                out.fill(0.0)  # max_exp_avg_sq the checkpoint lacks; a master is seeded afterwards
+            if field not in ck.arrays:
+                out.fill(0.0)  # as above
+            elif same_space:
+                ck.read_values(field, shard.start, out)
+            else:  # parameter by parameter: the checkpoint's flat space is aligned differently
+                out.fill(0.0)
+                for seg in shard.segments:
+                    start = ck.params[seg.param]["start"] + seg.param_offset
+                    ck.read_values(field, start, out[seg.shard_offset : seg.shard_offset + seg.length])
 
     steps = {i: s for i, s in enumerate(ck.param_steps) if s is not None and layout.params[i].trainable}
     masters = set()
@@ -701,7 +856,12 @@ def load_checkpoint(opt: ShardAccess, path: str | os.PathLike) -> None:
         masters = {i for i, (p, given) in enumerate(zip(layout.params, ck.has_master)) if p.trainable and given}
     # A failed load leaves the optimizer refusing use (its state is half-replaced).
     opt.replace_shards(
-        fill, param_steps=steps, groups=ck.param_groups, masters_given=masters, step_count=ck.step_count
+        fill_stored if copy_stored else fill,
+        param_steps=steps,
+        groups=ck.param_groups,
+        masters_given=masters,
+        step_count=ck.step_count,
+        stored=copy_stored,
     )
     log.info("loaded checkpoint %s (step %d)", ck.path, ck.step_count)
 
@@ -741,7 +901,7 @@ def checkpoint_to_state_dict(path: str | os.PathLike) -> dict[str, Any]:
         shard = layout.shards[index]
         flat = scratch[: len(layout.fields) * shard.capacity]
         for field, values in layout.field_views(flat, shard).items():
-            ck.read_chunk(field, index, values.numpy())
+            ck.read_values(field, shard.start, values.numpy())
         layout.copy_out(shard, flat, flats)
     return result
 
@@ -914,14 +1074,17 @@ def verify_checkpoint(path: str | os.PathLike, *, progress: Callable[[int], obje
     """
     ck = _Checkpoint(path)
     problems = []
-    for field in ck.arrays:
+    for name in ck.array_names():
+        arr = ck._array(name)
+        chunk = arr.chunks[0]
         for shard in ck.layout.shards:
+            n = min(chunk, arr.shape[0] - shard.index * chunk)
             try:
-                ck.verify_chunk(field, shard.index)
+                ck.verify_chunk(name, shard.index)
             except CorruptStateError as exc:
                 problems.append(str(exc))
             if progress is not None:
-                progress(shard.capacity * 4)
+                progress(n * arr.dtype.itemsize)
     return problems
 
 

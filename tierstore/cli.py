@@ -13,8 +13,10 @@ tierstore 0.1.0
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -87,6 +89,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`tierstore inspect DIR | head`): exit quietly, as Unix tools do.
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit
+        return 141
 
 
 if __name__ == "__main__":

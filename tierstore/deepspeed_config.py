@@ -64,6 +64,7 @@ from torch import Tensor
 from .budget import staging_nbytes
 from .dtensor import local_tensor
 from .errors import ConfigError
+from .knobs import Knobs
 from .layout import DEFAULT_SHARD_NUMEL, Layout
 from .sizes import format_size
 from .spec import decide_for
@@ -338,14 +339,18 @@ def ram_budget_for_ratio(
     prefetch_depth: int = 2,
     amsgrad: bool = False,
     keep_master: bool | None = None,
+    moment_dtype: str = "float32",
+    workers: int | None = None,
 ) -> int:
     """The ``ram_budget`` that leaves about ``ratio`` of the state on disk.
 
-    Builds the layout ``TieredAdamW`` will build (the same fields, shard size
-    and arena) and returns arena + staging + ``(1 - ratio)`` of the state's
-    bytes; whole shards stay resident, so the resident part is rounded down
-    to whole shards. When the part on disk would be smaller than the arena,
-    the optimizer keeps everything in RAM (streaming would save nothing).
+    Builds the layout ``TieredAdamW`` will build (the same fields, moment
+    format, shard size and arena) and returns arena + staging + decode
+    scratch + ``(1 - ratio)`` of the state's bytes (as stored: a compressed
+    ``moment_dtype`` needs less); whole shards stay resident, so the resident
+    part is rounded down to whole shards. When the part on disk would be
+    smaller than the arena, the optimizer keeps everything in RAM (streaming
+    would save nothing). ``workers``: the update's threads (``None``: every core).
 
     Raises
     ------
@@ -369,14 +374,18 @@ def ram_budget_for_ratio(
         arena_slots=prefetch_depth + 2,
         ram_budget=None,
         shard_numel=shard_numel,
+        moment_dtype=moment_dtype,
+        workers=workers or Knobs().max_update_threads,
     )
     layout = Layout.build(
         [[local_tensor(p) if p.requires_grad else p for p in g["params"]] for g in groups],
         shard_numel=spec.shard_numel,
         fields=spec.fields,
+        moment_dtype=spec.moment_format,
     )
     arena = spec.arena_slots * layout.slot_nbytes
-    return arena + staging_nbytes(layout, spec.staging_buffers) + math.floor((1.0 - ratio) * layout.state_nbytes)
+    fixed = arena + staging_nbytes(layout, spec.staging_buffers) + layout.scratch_nbytes(spec.workers)
+    return fixed + math.floor((1.0 - ratio) * layout.state_nbytes)
 
 
 def optimizer_arguments(init: Any) -> set[str]:
@@ -414,6 +423,8 @@ def deepspeed_kwargs(
             prefetch_depth=overrides.get("prefetch_depth", kwargs.get("prefetch_depth", 2)),
             amsgrad=bool(overrides.get("amsgrad", kwargs.get("amsgrad", False))),
             keep_master=overrides.get("keep_master"),
+            moment_dtype=overrides.get("moment_dtype", "float32"),
+            workers=overrides.get("update_threads"),
         )
         kwargs["ram_budget"] = budget
         log.info("DeepSpeed ratio=%s -> ram_budget=%s", mapping.offload_ratio, format_size(budget))

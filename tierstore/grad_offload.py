@@ -197,6 +197,15 @@ class GradientOffload:
         self.drain()
         return {i: self._store[i] for i in sorted(self._live)}
 
+    def zero_grad(self, *, set_to_none: bool) -> None:
+        """``optimizer.zero_grad``: drop the host gradients, or zero them (then the next backward adds)."""
+        self.drain()
+        if set_to_none:
+            self._live.clear()
+            return
+        for i in self._live:
+            self._store[i].zero_()  # kept live: 0 + g, exactly as autograd accumulates into zeros
+
     def consume(self) -> None:
         """The step took the gradients: the next backward copies instead of adding."""
         self._live.clear()
@@ -230,6 +239,30 @@ class GradientOffload:
             torch._amp_foreach_non_finite_check_and_unscale_(group, found_inf, inv_scale)
         state["found_inf_per_device"] = {found_inf.device: found_inf.to(scale.device)}
         state["stage"] = OptState.UNSCALED
+
+    def found_inf(self, scaler: Any, optimizer: Any) -> bool:
+        """GradScaler's unscale and inf check on the host gradients (once per step); True on an inf.
+
+        ``GradScaler.step`` hands itself to an optimizer that declares
+        ``_step_supports_amp_scaling``; the host gradients are unscaled here
+        unless :meth:`unscale_` already did it.
+
+        Raises
+        ------
+        ConfigError
+            If ``scaler.unscale_(optimizer)`` was called: it cannot see offloaded gradients.
+        """
+        from torch.amp.grad_scaler import OptState
+
+        state = scaler._per_optimizer_states[id(optimizer)]
+        if state["stage"] is OptState.UNSCALED and not state["found_inf_per_device"]:
+            raise ConfigError(
+                "scaler.unscale_(opt) cannot see gradients offloaded to the host (param.grad is None); "
+                "call opt.unscale_(scaler) instead, then opt.clip_grad_norm_(max_norm) if you clip"
+            )
+        if state["stage"] is OptState.READY:
+            self.unscale_(scaler, optimizer)
+        return bool(sum(float(v) for v in state["found_inf_per_device"].values()))
 
     def remove(self) -> None:
         """Remove the hooks and free the buckets."""

@@ -22,7 +22,7 @@ tierstore.errors.ConfigError: betas must be either both floats or both Tensors; 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
@@ -124,5 +124,14 @@ class GroupHyper:
 
     def kernel_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of :func:`tierstore.kernel.adamw`."""
-        return asdict(self)
+        # Note: not dataclasses.asdict, which deep-copies: this runs once per shard and group.
+        return {
+            "lr": self.lr,
+            "beta1": self.beta1,
+            "beta2": self.beta2,
+            "weight_decay": self.weight_decay,
+            "eps": self.eps,
+            "amsgrad": self.amsgrad,
+            "maximize": self.maximize,
+        }
 

@@ -79,6 +79,8 @@ def _layout_summary(layout: Layout, fingerprint: str) -> dict[str, Any]:
         "shard_numel": layout.shard_numel,
         "total_numel": layout.total_numel,
         "fields": list(layout.fields),
+        "moment_dtype": layout.format.name,
+        "bytes_per_param": layout.bytes_per_element,
         "fingerprint": fingerprint,
     }
 
@@ -215,7 +217,8 @@ def _print_text(info: dict[str, Any]) -> None:
         f"  parameters: {lay['params']} ({lay['trainable']} trainable, {lay['frozen']} frozen), "
         f"{lay['trainable_numel']:,} trainable elements"
     )
-    print(f"  shards: {lay['shards']} x {lay['shard_numel']:,} elements; fields: {', '.join(lay['fields'])}")
+    moments = "" if lay["moment_dtype"] == "float32" else f" (moments in {lay['moment_dtype']}, {lay['bytes_per_param']:.3g} B/param)"
+    print(f"  shards: {lay['shards']} x {lay['shard_numel']:,} elements; fields: {', '.join(lay['fields'])}{moments}")
     print(f"  fingerprint: {lay['fingerprint']}")
     print("bytes:")
     if info["kind"] == "state_dir":
@@ -262,7 +265,7 @@ def _verify_checkpoint(path: Path, no_progress: bool) -> int:
     except (CorruptStateError, FormatVersionError) as exc:
         print(f"error: {exc}")
         return EXIT_CORRUPT
-    total = info["total_numel"] * 4 * len(info["arrays"])
+    total = Layout.from_dict(info["layout"]).state_nbytes  # each field's arrays, in its format
     with tqdm(total=total, unit="B", unit_scale=True, desc="verify", disable=True if no_progress else None, file=sys.stderr) as bar:
         problems = verify_checkpoint(path, progress=bar.update)
     for problem in problems:

@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from . import distributed
 from . import manifest as manifest_mod
 from .commit_policy import CommitClock, CommitPolicy, due
@@ -77,8 +79,17 @@ class Progress:
 
     @classmethod
     def capture(cls, step_count: int, param_steps: Sequence[float | None], groups: Sequence[dict[str, Any]]) -> Progress:
-        """A snapshot: copies of the steps, and the groups encoded as the manifest keeps them."""
-        return cls(int(step_count), tuple(param_steps), tuple(manifest_mod.encode_groups(groups)))
+        """A snapshot: copies of the steps and of the groups' hyperparameters (encoded when a manifest is written)."""
+        return cls(int(step_count), tuple(param_steps), tuple({k: _frozen(v) for k, v in g.items() if k != "params"} for g in groups))
+
+
+def _frozen(value: Any) -> Any:
+    """A hyperparameter as it is now: LR schedulers update tensor values in place."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, tuple):
+        return tuple(_frozen(v) for v in value)
+    return value
 
 
 @dataclass
@@ -196,8 +207,14 @@ class Journal:
         return self.durable and self.persistent
 
     def bind(self, store: ShardStore, layout: Layout, ram_budget: int | None) -> None:
-        """Attach the open store whose shards this journal commits."""
+        """Attach the open store whose shards this journal commits.
+
+        Every streamed write then waits for a commit in flight first (the
+        store's write fence): a step, a loaded state dict or checkpoint, any
+        writer, so none can overwrite a copy a commit is about to name.
+        """
         self.store, self.layout, self.ram_budget = store, layout, ram_budget
+        store.write_fence = self.wait
 
     # -- changes ------------------------------------------------------
     @contextlib.contextmanager
@@ -229,9 +246,7 @@ class Journal:
     def before_write(self) -> float:
         """Wait until no commit in flight needs the copies a streamed write may overwrite; seconds waited.
 
-        Under torch.distributed every rank's commit must be durable before any
-        rank overwrites a stale copy (a rank behind may have to roll back to
-        the commit before), so the ranks also meet here.
+        (The store's write fence waits too; this measures the wait for the step's stats.)
         """
         t0 = time.perf_counter()
         self.wait()
@@ -241,9 +256,7 @@ class Journal:
         """Called as a step starts: raises what a finished commit raised; under
         torch.distributed with durability, every rank's last commit is durable
         before any rank changes state. Seconds waited."""
-        inflight = self._inflight
-        if inflight is not None and inflight.done():
-            inflight.result()  # a commit that failed in the background fails the next step
+        self.raise_failure()  # a commit that failed in the background fails the next step
         if not self.committing or distributed.rank_and_world()[1] == 1:
             return 0.0
         t0 = time.perf_counter()
@@ -252,12 +265,15 @@ class Journal:
         return time.perf_counter() - t0
 
     # -- commits ------------------------------------------------------
-    def end_step(self, progress: Progress, *, gap: float, step_seconds: float, stall: float) -> bool:
+    def end_step(
+        self, progress: Progress, *, gap: float, step_seconds: float, stall: float, decision: bool | None = None
+    ) -> bool:
         """A step ended: start its commit if the policy says so. Returns whether one started.
 
         ``gap`` is the loop's time between the previous step's end and this
         step's start, ``step_seconds`` this step's time, ``stall`` what it
-        waited for the previous commit.
+        waited for the previous commit. ``decision``: taken already by
+        :meth:`decide` (under torch.distributed, on the training loop's thread).
         """
         store, statedir = self.store, self.statedir
         if statedir is None or store is None:
@@ -269,10 +285,11 @@ class Journal:
         if not self.durable or statedir.private:
             self._commit_without_durability(progress)
             return False
+        self.raise_failure()  # a failed commit is never replaced by the next one
         in_flight = self._inflight is not None and not self._inflight.done()
-        wanted = due(self.policy, clock, step=progress.step_count, now=time.monotonic(), in_flight=in_flight)
-        if distributed.rank_and_world()[1] > 1:
-            wanted = distributed.all_agree(wanted and not in_flight)
+        if decision is None:
+            decision = self.decide(progress.step_count)
+        wanted = decision
         lag = progress.step_count - (self.committed_step or 0)
         self.stats.max_lag = max(self.stats.max_lag, lag)
         if not wanted:
@@ -281,6 +298,24 @@ class Journal:
             return False
         self._start(progress)
         return True
+
+    def decide(self, step: int) -> bool:
+        """Whether the policy wants a commit of ``step`` now; under torch.distributed every rank agrees.
+
+        The vote is a collective: call it on the training loop's thread, in
+        step, on every rank.
+        """
+        in_flight = self._inflight is not None and not self._inflight.done()
+        wanted = due(self.policy, self.clock, step=step, now=time.monotonic(), in_flight=in_flight)
+        if self.committing and distributed.rank_and_world()[1] > 1:
+            wanted = distributed.all_agree(wanted)
+        return wanted
+
+    def raise_failure(self) -> None:
+        """Raise what a finished commit raised (a failed commit fails every later call)."""
+        inflight = self._inflight
+        if inflight is not None and inflight.done():
+            inflight.result()
 
     def commit(self, progress: Progress, *, wait: bool = True) -> None:
         """Commit ``progress`` now (after any commit in flight), and wait for it unless ``wait=False``.
@@ -384,12 +419,16 @@ class Journal:
         store.commit(progress.step_count, sync=True)  # the data is durable before the clean manifest names it
         statedir.write_manifest(self._manifest(progress, clean=True))
 
-    def release(self, *, discard: bool = False) -> None:
-        """Stop the commit thread (after its commit), release the lock; ``discard`` undoes a failed start."""
+    def stop_commits(self) -> None:
+        """Wait for the commit in flight (its error is not raised) and stop the commit thread."""
         pool, self._pool = self._pool, None
         if pool is not None:
             self._settle()
             pool.shutdown(wait=True)
+
+    def release(self, *, discard: bool = False) -> None:
+        """Stop the commit thread (after its commit), release the lock; ``discard`` undoes a failed start."""
+        self.stop_commits()
         statedir, self.statedir = self.statedir, None
         if statedir is not None:
             statedir.close(discard=discard)

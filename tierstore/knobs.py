@@ -83,6 +83,21 @@ class Knobs:
         return self.update_threads or max(1, default_update_threads() // 2)
 
     @property
+    def max_update_threads(self) -> int:
+        """The most threads any update uses (what a compressed format's decode scratch is sized for)."""
+        return self.update_threads or max(1, len(os.sched_getaffinity(0)))
+
+    def codec_threads(self, *, streaming: bool, behind: bool) -> int:
+        """Workers a compressed format's update and conversions run on.
+
+        Behind the training loop: :attr:`overlap_threads`. Otherwise every core
+        (or ``update_threads``): the workers block on a queue rather than spin
+        at a barrier, so the I/O threads still get a core when they need it.
+        """
+        del streaming  # measured: all cores also while shards stream (docs/formats.md)
+        return self.overlap_threads if behind else self.max_update_threads
+
+    @property
     def streaming_threads(self) -> int:
         """Intra-op threads of the update while shards stream from disk."""
         # Note: on few cores, OpenMP threads spin-waiting at the kernel's barrier

@@ -17,7 +17,19 @@ same blocks as the whole tensor, so the sharded update is bitwise equal to
 
 A shard's bytes are one extent: its fields (``master``, ``exp_avg``,
 ``exp_avg_sq``, ``max_exp_avg_sq`` as present) one after the other, each
-``capacity`` fp32 elements long.
+``capacity`` elements long, in the state's **moment format**
+(:mod:`tierstore.codecs`): the master is always fp32; the moments are fp32
+(``"float32"``, the default), bfloat16 or blockwise int8, each field padded
+to whole 4 KiB pages (:meth:`Layout.field_nbytes`). The format is part of the
+layout's identity. With a compressed format a shard has two forms: its
+*extent* (the stored bytes: what the store keeps, checksums, writes and
+commits) and its *wide* form (every field fp32, back to back: what the
+kernel and the adapters see). :meth:`Layout.decode_shard` and
+:meth:`Layout.encode_shard` convert one into the other; in ``"float32"`` the
+two are the same bytes and nothing is converted. Block formats (int8, 256
+elements per scale) start every parameter on a block boundary
+(:attr:`Layout.param_align`), so no block mixes two parameters and a
+parameter without a gradient keeps its moments bit for bit.
 
 The layout also owns the state's vocabulary, so that every interface names a
 field the same way: :data:`FIELD_ORDER`, the field -> state-dict key map
@@ -43,11 +55,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 
+from . import codecs
+from .codecs import DEFAULT_FORMAT, FORMATS, MomentFormat
 from .errors import ConfigError
 
 PARAM_ALIGN = 64  # elements; a multiple of every CPU SIMD width for fp32 (AVX-512: 16)
@@ -68,6 +83,28 @@ STATE_KEY_OF_FIELD = {
 }
 FIELD_OF_STATE_KEY = {key: field for field, key in STATE_KEY_OF_FIELD.items()}
 MASTER_KEY = STATE_KEY_OF_FIELD["master"]
+MOMENT_FIELDS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")  # the fields a moment format applies to
+
+
+def layout_format(moment_dtype: str | MomentFormat | None) -> MomentFormat:
+    """The registered moment format a layout may hold (``None``: ``"float32"``).
+
+    Raises
+    ------
+    ConfigError
+        For an unknown name, or a format record that is not one of the registered formats.
+
+    Example
+    -------
+    >>> layout_format("int8").block_numel
+    256
+    """
+    fmt = DEFAULT_FORMAT if moment_dtype is None else codecs.moment_format(moment_dtype)
+    if FORMATS.get(fmt.name) != fmt:
+        raise ConfigError(
+            f"moment_dtype={fmt.name!r} is a codec variant, not a state format; use one of {sorted(FORMATS)}"
+        )
+    return fmt
 
 
 def fields_for(*, amsgrad: bool, master: bool) -> tuple[str, ...]:
@@ -150,11 +187,13 @@ class Layout:
         *,
         shard_numel: int,
         fields: Sequence[str],
+        moment_dtype: str | MomentFormat | None = None,
     ) -> None:
         self.params = tuple(params)
         self.shards = tuple(shards)
         self.shard_numel = shard_numel
         self.fields = tuple(fields)
+        self.format = layout_format(moment_dtype)
         self._segments_of: dict[int, list[tuple[int, Segment]]] = {p.index: [] for p in self.params}
         for shard in self.shards:
             for seg in shard.segments:
@@ -168,13 +207,17 @@ class Layout:
         *,
         shard_numel: int,
         fields: Sequence[str],
+        moment_dtype: str | MomentFormat | None = None,
     ) -> Layout:
         """Lay out the trainable tensors of ``groups`` (lists of tensors).
+
+        ``moment_dtype`` is the moments' format (``None``: ``"float32"``).
 
         Raises
         ------
         ConfigError
-            If ``shard_numel`` is not a positive int or ``fields`` names an unknown field.
+            If ``shard_numel`` is not a positive int, ``fields`` names an unknown
+            field or ``moment_dtype`` an unknown format.
         """
         if isinstance(shard_numel, bool) or not isinstance(shard_numel, int) or shard_numel <= 0:
             raise ConfigError(
@@ -184,6 +227,8 @@ class Layout:
         if unknown:
             raise ConfigError(f"unknown state fields {unknown}; known fields are {FIELD_ORDER}")
         fields = tuple(f for f in FIELD_ORDER if f in fields)
+        fmt = layout_format(moment_dtype)
+        align = param_align(fmt)
         shard_numel = round_up(shard_numel, PAGE_NUMEL)
         entries: list[ParamEntry] = []
         cursor = 0
@@ -193,7 +238,7 @@ class Layout:
                 trainable = bool(tensor.requires_grad) and tensor.numel() > 0
                 start = -1
                 if trainable:
-                    start = round_up(cursor, PARAM_ALIGN)
+                    start = round_up(cursor, align)
                     cursor = start + tensor.numel()
                 entries.append(
                     ParamEntry(
@@ -207,7 +252,8 @@ class Layout:
                     )
                 )
                 index += 1
-        return cls(entries, _cut(entries, round_up(cursor, PAGE_NUMEL), shard_numel), shard_numel=shard_numel, fields=fields)
+        shards = _cut(entries, round_up(cursor, PAGE_NUMEL), shard_numel)
+        return cls(entries, shards, shard_numel=shard_numel, fields=fields, moment_dtype=fmt)
 
     # -- queries ------------------------------------------------------
     @property
@@ -225,20 +271,73 @@ class Layout:
         """Largest shard capacity in elements (what an arena slot must hold)."""
         return max((s.capacity for s in self.shards), default=0)
 
+    @property
+    def param_align(self) -> int:
+        """Elements every parameter's start is a multiple of (64; 256 with int8 blocks)."""
+        return param_align(self.format)
+
+    @property
+    def encoded(self) -> bool:
+        """True when the moments are stored in another form than fp32 (extent != wide form)."""
+        return not self.format.exact
+
+    def field_nbytes(self, field: str, capacity: int) -> int:
+        """Bytes ``field`` takes in the extent of a shard of ``capacity`` elements (page padded)."""
+        if field not in self.fields:
+            raise KeyError(f"this layout has no field {field!r}; it has {self.fields}")
+        if field in MOMENT_FIELDS:
+            return self.format.field_nbytes(capacity)
+        return capacity * STATE_ITEMSIZE
+
+    def _capacity(self, shard: ShardSpec | int) -> int:
+        return self.shards[shard].capacity if isinstance(shard, int) else shard.capacity
+
+    def extent_nbytes(self, capacity: int) -> int:
+        """Bytes of the extent of a shard of ``capacity`` elements (all its fields, as stored)."""
+        return sum(self.field_nbytes(f, capacity) for f in self.fields)
+
     def shard_nbytes(self, shard: ShardSpec | int) -> int:
-        """Bytes of one shard's extent (all its fields)."""
-        capacity = self.shards[shard].capacity if isinstance(shard, int) else shard.capacity
-        return capacity * STATE_ITEMSIZE * len(self.fields)
+        """Bytes of one shard's extent (all its fields, as stored)."""
+        return self.extent_nbytes(self._capacity(shard))
+
+    def wide_nbytes(self, shard: ShardSpec | int) -> int:
+        """Bytes of one shard's wide (all-fp32) form."""
+        return self._capacity(shard) * STATE_ITEMSIZE * len(self.fields)
+
+    @property
+    def wide_slot_nbytes(self) -> int:
+        """Bytes of the largest shard's wide (all-fp32) form."""
+        return self.max_capacity * STATE_ITEMSIZE * len(self.fields)
 
     @property
     def slot_nbytes(self) -> int:
-        """Bytes an arena slot needs to hold any shard."""
-        return self.max_capacity * STATE_ITEMSIZE * len(self.fields)
+        """Bytes an arena slot needs to hold any shard's extent."""
+        return self.extent_nbytes(self.max_capacity) if self.shards else 0
 
     @property
     def state_nbytes(self) -> int:
         """Bytes of all shards together (the state's size on disk, one copy)."""
         return sum(self.shard_nbytes(s) for s in self.shards)
+
+    @property
+    def bytes_per_element(self) -> float:
+        """Stored bytes per element of the flat space: 4 per fp32 field plus the moments' format."""
+        return sum(self.format.bytes_per_element if f in MOMENT_FIELDS else STATE_ITEMSIZE for f in self.fields)
+
+    def scratch_nbytes(self, workers: int) -> int:
+        """Bytes of fp32 scratch a compressed layout needs to decode into (0 for ``"float32"``).
+
+        The larger of one shard's wide form (what adapters read and write) and
+        the update's per-worker chunks (:func:`update_chunk_numel` elements of
+        every moment field, plus an index buffer) for ``workers`` workers.
+        """
+        if not self.encoded or not self.shards:
+            return 0
+        chunk = update_chunk_numel(self.max_capacity)
+        used = min(workers, -(-self.max_capacity // chunk))
+        moments = sum(f in MOMENT_FIELDS for f in self.fields)
+        wide = self.max_capacity * STATE_ITEMSIZE * len(self.fields)
+        return max(wide, used * chunk * (moments + 1) * STATE_ITEMSIZE)
 
     def field_index(self, field: str) -> int:
         """Position of ``field`` inside a shard's extent."""
@@ -256,13 +355,67 @@ class Layout:
         return sorted({shard for i in param_indices for shard, _ in self._segments_of[i]})
 
     # -- shard buffers ------------------------------------------------
+    def field_offset(self, field: str, capacity: int) -> int:
+        """Byte offset of ``field`` in the extent of a shard of ``capacity`` elements."""
+        offset = 0
+        for f in self.fields:
+            if f == field:
+                return offset
+            offset += self.field_nbytes(f, capacity)
+        raise KeyError(f"this layout has no field {field!r}; it has {self.fields}")
+
+    def stored_field(self, extent: torch.Tensor, shard: ShardSpec, field: str) -> torch.Tensor:
+        """The stored bytes of ``field`` inside a shard's extent (a uint8 view, page padded).
+
+        ``extent`` is the extent's memory as a 1-D tensor of any dtype. For
+        the master and for ``"float32"`` moments, ``.view(torch.float32)[:capacity]``
+        of it is the field's values.
+        """
+        raw = extent.view(torch.uint8)
+        start = self.field_offset(field, shard.capacity)
+        return raw[start : start + self.field_nbytes(field, shard.capacity)]
+
+    def stored_fp32(self, extent: torch.Tensor, shard: ShardSpec, field: str) -> torch.Tensor:
+        """The fp32 values of a field stored as fp32 (the master; any field in ``"float32"``)."""
+        if field in MOMENT_FIELDS and self.encoded:
+            raise KeyError(f"{field} is stored as {self.format.name}, not fp32; decode it (decode_shard)")
+        return self.stored_field(extent, shard, field).view(torch.float32)[: shard.capacity]
+
+    def decode_shard(
+        self, shard: ShardSpec, extent: torch.Tensor, wide: torch.Tensor, *, threads: int | None = None
+    ) -> None:
+        """Fill ``wide`` (fp32, :meth:`wide_nbytes` long) with the shard's values from its extent."""
+        for field, out in self.field_views(wide, shard).items():
+            stored = self.stored_field(extent, shard, field)
+            if field in MOMENT_FIELDS:
+                codecs.decode(self.format, field, stored, out, threads=threads)
+            else:
+                out.copy_(stored.view(torch.float32)[: shard.capacity])
+
+    def encode_shard(
+        self, shard: ShardSpec, wide: torch.Tensor, extent: torch.Tensor, *, threads: int | None = None
+    ) -> None:
+        """Store the wide (fp32) values of a shard into its extent, in the layout's format.
+
+        Padding bytes of the extent are zeroed, so an extent's bytes (and its
+        checksum) depend only on the values.
+        """
+        for field, values in self.field_views(wide, shard).items():
+            stored = self.stored_field(extent, shard, field)
+            if field in MOMENT_FIELDS:
+                used = self.format.encoded_nbytes(shard.capacity)
+                codecs.encode(self.format, field, values, stored, threads=threads)
+                stored[used:].zero_()
+            else:
+                stored.view(torch.float32)[: shard.capacity].copy_(values)
+
     def field_view(self, flat: torch.Tensor, shard: ShardSpec, field: str) -> torch.Tensor:
-        """The ``capacity`` elements of ``field`` inside a shard's flat buffer (a view)."""
+        """The ``capacity`` elements of ``field`` inside a shard's wide (fp32) buffer (a view)."""
         k = self.field_index(field)
         return flat[k * shard.capacity : (k + 1) * shard.capacity]
 
     def field_views(self, flat: torch.Tensor, shard: ShardSpec) -> dict[str, torch.Tensor]:
-        """Every field's view inside a shard's flat buffer, in extent order."""
+        """Every field's view inside a shard's wide (fp32) buffer, in extent order."""
         return {f: flat[k * shard.capacity : (k + 1) * shard.capacity] for k, f in enumerate(self.fields)}
 
     def copy_out(self, shard: ShardSpec, flat: torch.Tensor, dests: Mapping[int, Mapping[str, torch.Tensor]]) -> None:
@@ -304,8 +457,13 @@ class Layout:
 
     # -- identity -----------------------------------------------------
     def to_dict(self) -> dict:
-        """A JSON-able description; shards are recomputed, not stored."""
-        return {
+        """A JSON-able description; shards are recomputed, not stored.
+
+        ``moment_dtype`` is written only when it is not ``"float32"``, so a
+        float32 layout has the fingerprint it had before formats existed and
+        its state directories resume.
+        """
+        data = {
             "layout_version": LAYOUT_VERSION,
             "shard_numel": self.shard_numel,
             "fields": list(self.fields),
@@ -313,6 +471,9 @@ class Layout:
                 {k: (list(v) if k == "shape" else v) for k, v in asdict(p).items()} for p in self.params
             ],
         }
+        if self.format != DEFAULT_FORMAT:
+            data["moment_dtype"] = self.format.name
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> Layout:
@@ -322,11 +483,17 @@ class Layout:
             raise ConfigError(f"layout_version {version!r} is not {LAYOUT_VERSION}; it was written by another tierstore")
         params = [ParamEntry(**{**p, "shape": tuple(p["shape"])}) for p in data["params"]]
         total = round_up(max((p.start + p.numel for p in params if p.trainable), default=0), PAGE_NUMEL)
-        return cls(params, _cut(params, total, data["shard_numel"]), shard_numel=data["shard_numel"], fields=data["fields"])
+        return cls(
+            params,
+            _cut(params, total, data["shard_numel"]),
+            shard_numel=data["shard_numel"],
+            fields=data["fields"],
+            moment_dtype=data.get("moment_dtype", DEFAULT_FORMAT.name),
+        )
 
     @property
     def fingerprint(self) -> str:
-        """A hex digest of what the state *is*: shapes, dtypes, groups, shard size, fields."""
+        """A hex digest of what the state *is*: shapes, dtypes, groups, shard size, fields, moment format."""
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()[:32]
 
@@ -345,7 +512,19 @@ class Layout:
             return f"shard_numel {other.shard_numel} instead of {self.shard_numel}"
         if self.fields != other.fields:
             return f"state fields {other.fields} instead of {self.fields}"
+        if self.format != other.format:
+            return f"moment_dtype={other.format.name!r} instead of {self.format.name!r}"
         return "no difference"
+
+
+def param_align(fmt: MomentFormat) -> int:
+    """Elements a parameter's start is a multiple of: :data:`PARAM_ALIGN`, and whole blocks of ``fmt``."""
+    return math.lcm(PARAM_ALIGN, fmt.block_numel) if fmt.block_numel else PARAM_ALIGN
+
+
+def update_chunk_numel(capacity: int) -> int:
+    """Elements per chunk of a compressed shard's update (decode, kernel, encode in cache)."""
+    return min(codecs.CHUNK_NUMEL, capacity)
 
 
 def _cut(params: Sequence[ParamEntry], total: int, shard_numel: int) -> list[ShardSpec]:

@@ -169,6 +169,16 @@ def check_same_model(saved: Layout, mine: Layout, where: str) -> None:
     LayoutMismatchError
         Naming the first difference and the fix.
     """
+    if saved.fingerprint != mine.fingerprint and saved.format != mine.format:
+        same_otherwise = Layout.from_dict({**mine.to_dict(), "moment_dtype": saved.format.name})
+        if same_otherwise.fingerprint == saved.fingerprint:
+            raise LayoutMismatchError(
+                f"state_dir={where!r} holds moments in moment_dtype={saved.format.name!r}, this optimizer was "
+                f"built with moment_dtype={mine.format.name!r}. Pass moment_dtype={saved.format.name!r} to "
+                "resume it as it is, or convert it: resume it with its format, save_checkpoint(path), then "
+                f"load_checkpoint(path) into a TieredAdamW with moment_dtype={mine.format.name!r} and another "
+                "state_dir (docs/formats.md, 'Converting a state directory')"
+            )
     if saved.fingerprint != mine.fingerprint:
         raise LayoutMismatchError(
             f"state_dir={where!r} holds state for another model or configuration: "

@@ -30,33 +30,31 @@ import torch
 from torch import Tensor
 
 from .access import ShardVisit
-from .budget import TierPlan, plan_tiers
+from .budget import TierPlan
+from .codecs import moment_format
 from .commit_policy import CommitPolicy
-from .dtensor import local_tensor, placed_like
+from .dtensor import placed_like
 from .dynamo import disable_dynamo
-from .errors import BudgetError, ConfigError, ParamsChangedError
-from .grad_offload import DEFAULT_BUCKET_BYTES, GradientOffload
+from .errors import ConfigError, ParamsChangedError
+from .grad_offload import DEFAULT_BUCKET_BYTES
 from .hyper import GroupHyper, check_hyper, scalar_betas
 from .journal import Journal
 from .knobs import Knobs, check_int
-from .layout import Layout, ShardSpec
-from .manifest import check_same_model, decode_group, saved_layout
-from .overlap import Attachment
-from .pipeline import ShardPipeline
+from .layout import Layout, layout_format
 from .runtime import Runtime, StepStats
-from .sizes import format_size, parse_size
-from .spec import StateSpec, check_param_kinds, decide_for
-from .store import ShardStore
+from .sizes import parse_size
+from .spec import check_param_kinds
+from .startup import start
 from .torch_format import (
     GROUP_DEFAULTS,
+    check_same_params,
     empty_state_dict,
     flat_sources,
     incoming_state,
     packed_groups,
     param_steps,
-    step_tensor,
 )
-from .update import ShardUpdate, gather, intra_op_threads, master_sync
+from .update import gather, master_sync
 
 log = logging.getLogger(__name__)
 
@@ -97,14 +95,17 @@ class TieredAdamW(torch.optim.Optimizer):
         Shards read ahead of the one being updated (the arena has
         ``prefetch_depth + 2`` slots). A tuning knob: never changes results.
     io_workers, request_bytes
-        I/O threads per direction (reads, writes) and the request size
-        (a multiple of 4096, rounded up to whole 1 MiB checksum blocks).
-        Tuning knobs; the defaults (8, 1 MiB) measured best on a 2-core
-        machine with a virtual disk (docs/tuning.md has the figures).
+        I/O threads per direction and the request size (a multiple of 4096,
+        rounded up to whole 1 MiB checksum blocks). Tuning knobs (docs/tuning.md).
     keep_master
         Keep an fp32 master copy even for fp32 CPU parameters. ``None``: only
         when some parameter is not fp32 or not on the CPU.
         With it, the state directory alone can restore fp32 parameters after a crash.
+    moment_dtype
+        How the moments are stored, in RAM and on disk: ``"float32"`` (the
+        default: bitwise equal to ``torch.optim.AdamW(fused=True)``),
+        ``"bfloat16"`` or ``"int8"`` (blockwise quantized); the update runs in
+        fp32 either way. Part of the state's identity. See ``docs/formats.md``.
     pin_memory
         Pin host buffers for CUDA; ``None`` pins exactly when CUDA is available.
     update_threads
@@ -112,28 +113,21 @@ class TieredAdamW(torch.optim.Optimizer):
         (``None``: all cores but one, which the I/O threads keep). Steps with
         all state in RAM use torch's own setting. A tuning knob.
     durable
-        Keep ``state_dir`` crash-consistent: commits (two copies of every
-        shard, an atomically replaced manifest) that a crash or power cut
-        never loses; ``resume=True`` restores exactly the last one. ``None``:
-        on when a ``state_dir`` is given. With ``durable=False`` a
-        ``state_dir`` is resumable only after a clean :meth:`close`.
+        Keep ``state_dir`` crash-consistent: commits that a crash or power cut
+        never loses (``None``: on when a ``state_dir`` is given). With
+        ``durable=False`` a ``state_dir`` is resumable only after :meth:`close`.
     commit_every
-        How often a durable optimizer commits (the recovery point):
-        ``"auto"`` (as often as the drive keeps up without stalling the
-        training loop, at least every 5 minutes), a step count, a duration
-        such as ``"10min"``, or both as a pair. Commits run in the background
-        while the loop computes; :attr:`committed_step` says which step a
-        crash now would resume at, :meth:`commit` waits for one. See
-        :mod:`tierstore.commit_policy`.
+        How often a durable optimizer commits, in the background: ``"auto"``
+        (as often as the drive keeps up, at least every 5 minutes), a step
+        count, a duration such as ``"10min"``, or both as a pair (see
+        :mod:`tierstore.commit_policy`, :attr:`committed_step`, :meth:`commit`).
     resume
-        Continue the state in ``state_dir``: the layout fingerprint must match
-        these parameters; moments, step counts, hyperparameters and masters
-        are restored. An empty directory starts fresh. :attr:`step_count`
-        says which step to resume data loading and LR schedules from.
+        Continue the state in ``state_dir`` (an empty one starts fresh): the
+        layout must match these parameters; :attr:`step_count` says which
+        step to resume data loading and LR schedules from.
     resume_step
-        Resume at this committed step instead of the last one: a durable
-        directory also keeps the commit before its last (distributed
-        resumes use this to meet at a common step).
+        Resume at this committed step instead of the last (a durable
+        directory also keeps the commit before its last).
     restore_params
         On resume, write the committed master weights back into the
         parameters (when the state has masters).
@@ -182,6 +176,7 @@ class TieredAdamW(torch.optim.Optimizer):
         io_workers: int = 8,
         request_bytes: int = 1 << 20,
         keep_master: bool | None = None,
+        moment_dtype: str = "float32",
         pin_memory: bool | None = None,
         update_threads: int | None = None,
         durable: bool | None = None,
@@ -194,16 +189,11 @@ class TieredAdamW(torch.optim.Optimizer):
         self._rt: Runtime | None = None  # until construction succeeds; makes close() safe on failure
         check_hyper(lr, betas, eps, weight_decay)
         self._budget = None if ram_budget is None else parse_size(ram_budget, name="ram_budget")
-        self._knobs = Knobs(
-            backend=backend,
-            prefetch_depth=prefetch_depth,
-            io_workers=io_workers,
-            request_bytes=request_bytes,
-            update_threads=update_threads,
-            pin_memory=pin_memory,
-        )
+        self._knobs = Knobs(backend=backend, prefetch_depth=prefetch_depth, io_workers=io_workers,
+                            request_bytes=request_bytes, update_threads=update_threads, pin_memory=pin_memory)  # fmt: skip
         if shard_numel is not None:
             check_int("shard_numel", shard_numel, 1)
+        self._format = layout_format(moment_format(moment_dtype))  # None is an error here, not the default
         Journal.check_arguments(state_dir, durable=durable, resume=resume)
         policy = CommitPolicy.parse(commit_every)
         defaults = dict(lr=lr, betas=scalar_betas(betas), eps=eps, weight_decay=weight_decay)
@@ -216,111 +206,13 @@ class TieredAdamW(torch.optim.Optimizer):
         self._params: list[Tensor] = [p for g in self.param_groups for p in g["params"]]
         check_param_kinds(self._params)
         journal = Journal.open(state_dir, resume=resume, resume_step=resume_step, durable=durable, policy=policy)
-        self._rt = self._start(journal, shard_numel=shard_numel, keep_master=keep_master, restore_params=restore_params)
+        started = start(journal, self.param_groups, self._params, self.state, knobs=self._knobs, ram_budget=self._budget,
+                        shard_numel=shard_numel, keep_master=keep_master, restore_params=restore_params,
+                        moment_dtype=self._format)  # fmt: skip
+        self._spec, self._layout, self._plan, self._rt = started.spec, started.layout, started.plan, started.runtime
         # Every copy of this object shares the runtime and this token; when the last
         # one is gone, the runtime closes (instead of a __del__ that a copy would run).
         self._owner = self._rt.owner()
-
-    # -- construction -------------------------------------------------
-    def _start(self, journal: Journal, *, shard_numel: int | None, keep_master: bool | None, restore_params: bool) -> Runtime:
-        """Lay the state out, open its store and bring it to its first (or resumed) commit."""
-        store = None
-        try:
-            self._build_layout(shard_numel, keep_master, journal)
-            if self._plan.disk_shards:
-                journal.use_private_dir()
-            knobs = self._knobs
-            store = ShardStore(
-                self._layout,
-                self._plan,
-                directory=journal.directory,
-                backend=knobs.backend,
-                io_workers=knobs.io_workers,
-                request_bytes=knobs.request_bytes,
-                pin=knobs.pin_memory,
-                durable=journal.durable,
-            )
-            journal.bind(store, self._layout, self._budget)
-            pipeline = ShardPipeline(store, prefetch_depth=knobs.prefetch_depth)
-            rt = Runtime(journal, store, pipeline, state=self.state, param_groups=self.param_groups, params=self._params)
-            self._open(rt, restore_params)
-        except BaseException:
-            if store is not None:
-                store.close()
-            journal.release(discard=True)
-            raise
-        return rt
-
-    def _build_layout(self, shard_numel: int | None, keep_master: bool | None, journal: Journal) -> None:
-        where = str(journal.directory)
-        old = saved_layout(journal.saved, where) if journal.saved else None
-        self._spec: StateSpec = decide_for(
-            self._params,
-            amsgrad=any(g["amsgrad"] for g in self.param_groups),
-            keep_master=keep_master,
-            arena_slots=self._knobs.arena_slots,
-            ram_budget=self._budget,
-            shard_numel=shard_numel,
-            saved=old,
-        )
-        self._layout = Layout.build(
-            [[local_tensor(p) if p.requires_grad else p for p in g["params"]] for g in self.param_groups],
-            shard_numel=self._spec.shard_numel,
-            fields=self._spec.fields,
-        )
-        if old is not None:
-            check_same_model(old, self._layout, where)
-        try:
-            self._plan: TierPlan = plan_tiers(
-                self._layout,
-                ram_budget=self._budget,
-                arena_slots=self._spec.arena_slots,
-                staging_buffers=self._spec.staging_buffers,
-            )
-        except BudgetError as exc:
-            if old is None:
-                raise
-            raise BudgetError(
-                f"{exc}. Note: resuming, shard_numel={old.shard_numel} is fixed by the saved state; "
-                "to stream with smaller shards, save_checkpoint() and load_checkpoint() into a new "
-                "state_dir built with a smaller shard_numel"
-            ) from None
-
-    def _open(self, rt: Runtime, restore_params: bool) -> None:
-        """Open the store: fresh state is zeroed and committed; saved state is restored."""
-        saved = rt.journal.saved
-        if saved is None:
-            rt.store.open()
-            with rt.mutation():
-                self._init_shards(rt)
-                rt.commit()
-                if rt.journal.durable and rt.store.persists_anything:
-                    # Write the second copy too: both copies then hold verifiable
-                    # bytes, and later writes overwrite allocated blocks, which
-                    # runs about twice as fast as filling fresh ones.
-                    self._init_shards(rt)
-                    rt.commit()
-            return
-        rt.store.open(committed=saved["shards"])
-        rt.step_count = int(saved["step_count"])
-        for group, stored in zip(self.param_groups, saved["param_groups"]):
-            group.update(decode_group(stored))
-        for p, step in zip(self._params, saved["param_steps"]):
-            if step is not None:
-                self.state[p]["step"] = step_tensor(step)
-        if restore_params and self._spec.master:
-            rt.pipeline.run(range(len(self._layout.shards)), master_sync(self._layout, self._params, to_params=lambda i: True), write=False)
-        log.info("resumed %s at step %d", rt.journal.directory, rt.step_count)
-
-    def _init_shards(self, rt: Runtime) -> None:
-        """Zero every shard and seed the master copy from the parameters."""
-        seed = master_sync(self._layout, self._params, to_params=lambda i: False)
-
-        def fill(shard: ShardSpec, flat: Tensor) -> None:
-            flat.zero_()
-            seed(shard, flat)
-
-        rt.pipeline.run(range(len(self._layout.shards)), fill, read=False)
 
     def _runtime(self, *, synchronize: bool = True) -> Runtime:
         """The open runtime, after the step running behind the loop (if any); raises if closed or failed."""
@@ -364,45 +256,20 @@ class TieredAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._check_params()
+        check_same_params(self.param_groups, self._params)
         offload = rt.offload
-        if offload is not None and grad_scaler is not None and self._found_inf(grad_scaler, offload):
+        if offload is not None and grad_scaler is not None and offload.found_inf(grad_scaler, self):
             offload.consume()  # GradScaler skips this step: the gradients are spent
             return loss
         grads = offload.grads() if offload is not None else None
         active = gather(self._params, self._layout, self.state, grads=grads)
         if offload is not None:
             offload.consume()
-        amsgrad_field = self._spec.amsgrad
-        hypers = [GroupHyper.of(g, amsgrad_field=amsgrad_field) for g in self.param_groups]
-        update = ShardUpdate(
-            self._layout,
-            active,
-            hypers,
-            staging=rt.store.staging_buffer if self._spec.staged else None,
-            uploads=rt.uploads if self._spec.cuda else None,
-        )
+        hypers = [GroupHyper.of(g, amsgrad_field=self._spec.amsgrad) for g in self.param_groups]
+        update = rt.new_update(self._layout, self._spec, active, hypers, knobs=self._knobs)
         update.step_counts()
         rt.step_count += 1
-        progress = rt.progress()  # what this step's commit records, as of now
-        streams = any(not rt.store.is_resident(i) for i in update.shards)
-        attachment = rt.attachment
-        if attachment is None:
-            threads = intra_op_threads(self._knobs.streaming_threads if streams else None)
-            rt.run_step(update.shards, update, threads=threads, progress=progress)
-            return loss
-        # Behind the loop: the update runs on the attachment's thread, in first-use order.
-        order = attachment.order(update.shards)
-        threads = intra_op_threads(self._knobs.overlap_threads)
-
-        def run(done: Callable[[int], None]) -> None:
-            def visit(shard: ShardSpec, flat: Tensor) -> None:
-                update(shard, flat)
-                done(shard.index, update.upload_event)
-
-            rt.run_step(order, visit, threads=threads, progress=progress)
-
-        attachment.submit(order, run)
+        rt.schedule_step(update, progress=rt.progress(), knobs=self._knobs)  # progress: as of now
         return loss
 
     # -- behind the training loop (tierstore.overlap) -----------------
@@ -412,21 +279,17 @@ class TieredAdamW(torch.optim.Optimizer):
         """Run each step behind the training loop: ``step()`` returns once the update is scheduled.
 
         The update runs on a background thread in the order ``model``'s
-        forward first uses the parameters, and a forward pre-hook on each of
-        ``model``'s modules waits for exactly that module's parameters, so
-        results stay bitwise equal to the synchronous step. Everything that
-        reads or writes parameters or state synchronizes first (``step``,
-        ``state_dict``, ``load_state_dict``, checkpoints, ``commit``,
-        ``close``, ``zero_grad(set_to_none=False)``). Code that reads
-        parameters outside a forward (``model.state_dict()``, an EMA) must
-        call :meth:`synchronize` first. See :mod:`tierstore.overlap`.
+        forward first uses the parameters; a forward pre-hook on each module
+        waits for that module's parameters, so results stay bitwise equal to
+        the synchronous step. Code that reads parameters outside a forward
+        (``model.state_dict()``, an EMA) calls :meth:`synchronize` first.
+        See :mod:`tierstore.overlap`.
 
-        With ``offload_grads`` (``None``: when parameters are on a GPU) each
-        gradient leaves the device as soon as backward finished it, through
-        two pinned buckets of ``grad_bucket_bytes``, and accumulates on the
-        host across micro-batches; ``param.grad`` is then ``None``: clip with
-        :meth:`clip_grad_norm_`, unscale with :meth:`unscale_`
-        (``scaler.step(opt)`` works as usual). See :mod:`tierstore.grad_offload`.
+        With ``offload_grads`` (``None``: when parameters are on a GPU)
+        gradients leave the device as backward finishes each, into host
+        buffers; ``param.grad`` is then ``None``: clip with
+        :meth:`clip_grad_norm_`, unscale with :meth:`unscale_`. See
+        :mod:`tierstore.grad_offload`.
 
         Raises
         ------
@@ -443,38 +306,11 @@ class TieredAdamW(torch.optim.Optimizer):
         >>> opt.synchronize(); opt.close()
         """
         rt = self._runtime()
-        rt.detach()
-        rt.attachment = Attachment(model, self._params, self._layout)
-        if self._spec.cuda:
-            rt.uploads.stream = torch.cuda.Stream()  # parameters go up beside the forward, not in its stream
-        if offload_grads is None:
-            offload_grads = self._spec.cuda
-        if offload_grads:
-            rt.offload = GradientOffload(self._params, bucket_bytes=grad_bucket_bytes, pin=self._knobs.pin_memory)
-            rt.offload.before_land = rt.attachment.wait_for_param
-            self._step_supports_amp_scaling = True  # GradScaler hands itself to step()
-        if rt.attachment.unattached:
-            log.warning(
-                "attach(%s): %d optimized parameters are not owned by it; a forward that uses them "
-                "waits (and warns), other reads need opt.synchronize()",
-                type(model).__name__,
-                len(rt.attachment.unattached),
-            )
+        offload = self._spec.cuda if offload_grads is None else bool(offload_grads)
+        rt.attach(model, self._params, self._layout, cuda=self._spec.cuda, offload_grads=offload,
+                  grad_bucket_bytes=grad_bucket_bytes, pin=self._knobs.pin_memory)  # fmt: skip
+        self._step_supports_amp_scaling = offload  # GradScaler then hands itself to step()
         return self
-
-    def _found_inf(self, scaler: Any, offload: GradientOffload) -> bool:
-        """GradScaler's unscale and inf check on the host gradients (once per step); True on an inf."""
-        from torch.amp.grad_scaler import OptState
-
-        state = scaler._per_optimizer_states[id(self)]
-        if state["stage"] is OptState.UNSCALED and not state["found_inf_per_device"]:
-            raise ConfigError(
-                "scaler.unscale_(opt) cannot see gradients offloaded to the host (param.grad is None); "
-                "call opt.unscale_(scaler) instead, then opt.clip_grad_norm_(max_norm) if you clip"
-            )
-        if state["stage"] is OptState.READY:
-            offload.unscale_(scaler, self)
-        return bool(sum(float(v) for v in state["found_inf_per_device"].values()))
 
     def clip_grad_norm_(
         self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False, foreach: bool | None = None
@@ -518,18 +354,32 @@ class TieredAdamW(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         # Note: with set_to_none=False the gradients are zeroed in place, which a
         # step still running behind the loop may be reading: synchronize first.
-        if not set_to_none and self._rt is not None and not self._rt.closed:
-            self._rt.synchronize()
+        rt = self._rt
+        if rt is not None and not rt.closed:
+            if not set_to_none:
+                rt.synchronize()
+            if rt.offload is not None:  # the gradients live on the host: zero (or drop) those
+                rt.offload.zero_grad(set_to_none=set_to_none)
         _TORCH_ZERO_GRAD(self, set_to_none=set_to_none)
 
-    def _check_params(self) -> None:
-        params = [p for g in self.param_groups for p in g["params"]]
-        if len(params) != len(self._layout.params) or any(a is not b for a, b in zip(params, self._params)):
-            raise ParamsChangedError(
-                f"the optimizer's parameters changed since construction ({len(self._layout.params)} "
-                f"then, {len(params)} now); TieredAdamW's state layout is fixed: build a new optimizer "
-                "for a new set of parameters"
-            )
+    def __copy__(self) -> TieredAdamW:
+        # Note: a copy shares the running state (the runtime and its owner token), as
+        # wrappers that copy __dict__ do; torch's __getstate__ would drop it.
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        return twin
+
+    def __deepcopy__(self, memo: dict) -> TieredAdamW:
+        raise TypeError(
+            "a TieredAdamW cannot be deep-copied: its state lives in files and buffers it owns. Use "
+            "state_dict() (or save_checkpoint) and load it into a new TieredAdamW"
+        )
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        raise TypeError(
+            "a TieredAdamW cannot be pickled: its state lives in files and buffers it owns. Pickle "
+            "state_dict() instead (or save_checkpoint), and load it into a new TieredAdamW"
+        )
 
     # -- state dict ---------------------------------------------------
     @disable_dynamo
@@ -610,9 +460,17 @@ class TieredAdamW(torch.optim.Optimizer):
         (resident shards and shards still in an arena slot are not read).
         See :mod:`tierstore.access`.
         """
-        rt = self._runtime()
-        order = range(len(self._layout.shards)) if shards is None else shards
-        return rt.pipeline.run(order, visit, write=False).reads
+        threads = self._knobs.codec_threads(streaming=False, behind=False)
+        return self._runtime().visit(self._layout, visit, shards, decode_threads=threads)
+
+    def visit_stored(self, visit: ShardVisit, shards: Iterable[int] | None = None) -> None:
+        """Call ``visit(shard, extent)`` with every shard's stored bytes, read-only.
+
+        ``extent`` holds the shard's fields as stored (the moments in
+        :attr:`moment_dtype`), see :meth:`~tierstore.layout.Layout.stored_field`;
+        in ``"float32"`` it is what :meth:`visit_shards` gives. See :mod:`tierstore.access`.
+        """
+        self._runtime().visit(self._layout, visit, shards)
 
     def replace_shards(
         self,
@@ -622,40 +480,20 @@ class TieredAdamW(torch.optim.Optimizer):
         groups: list[dict[str, Any]] | None = None,
         masters_given: set[int] | None = None,
         step_count: int | None = None,
+        stored: bool = False,
     ) -> None:
-        """Overwrite the whole state, shard by shard, and commit it.
+        """Overwrite the whole state, shard by shard, and commit it (see :mod:`tierstore.access`).
 
-        ``fill(shard, flat)`` must set every element of ``flat`` (it arrives
-        with stale bytes). Master elements of parameters not in
-        ``masters_given`` are then seeded from the parameters; parameters in it
-        take their (loaded) master value. ``param_steps`` replaces every step
-        count (parameters absent from it have no state, as after construction);
-        ``groups`` replaces the groups' hyperparameters; ``step_count`` the
-        optimizer's. See :mod:`tierstore.access`.
+        ``fill(shard, flat)`` sets every fp32 element of ``flat`` (with
+        ``stored=True``: every stored byte of the extent). Masters of
+        parameters not in ``masters_given`` are seeded from the parameters;
+        ``param_steps``, ``groups`` and ``step_count`` replace the bookkeeping.
         """
         rt = self._runtime()
         given = masters_given or set()
-        sync = master_sync(self._layout, self._params, to_params=given.__contains__)
-
-        def fill_and_sync(shard: ShardSpec, flat: Tensor) -> None:
-            fill(shard, flat)
-            sync(shard, flat)
-
-        with rt.mutation():
-            if step_count is not None:
-                rt.step_count = int(step_count)
-            rt.pipeline.run(range(len(self._layout.shards)), fill_and_sync, read=False)
-            for i, p in enumerate(self._params):
-                if i in param_steps:
-                    self.state[p] = {"step": step_tensor(param_steps[i])}
-                else:
-                    self.state.pop(p, None)
-            for mine, saved in zip(self.param_groups, groups or []):
-                mine.update({k: v for k, v in saved.items() if k != "params"})
-                for key, value in GROUP_DEFAULTS.items():
-                    mine.setdefault(key, value)
-                mine["betas"] = tuple(float(b) for b in mine["betas"])
-            rt.commit()
+        rt.replace(self._layout, fill, sync=master_sync(self._layout, self._params, to_params=given.__contains__),
+                   param_steps=param_steps, groups=groups or [], step_count=step_count,
+                   encode_threads=None if stored else self._knobs.codec_threads(streaming=False, behind=False))  # fmt: skip
 
     # -- adapters -------------------------------------------------------
     @classmethod
@@ -778,24 +616,14 @@ class TieredAdamW(torch.optim.Optimizer):
         commits), bytes read and written to the drive, and whether a commit started."""
         return self._rt.last_run if self._rt is not None else None
 
+    @property
+    def moment_dtype(self) -> str:
+        """How the moments are stored: ``"float32"``, ``"bfloat16"`` or ``"int8"``."""
+        return self._format.name
+
     def describe(self) -> str:
-        """One line: parameters, state size, and where it lives."""
-        p = self._plan
-        files = ""
-        if self.disk_bytes:
-            copies = "2 copies, durable" if self._rt.journal.durable else "1 copy"
-            files = f"; files {format_size(self.disk_bytes)} ({copies})"
-        pins = self._rt.store.pins.stats() if self._rt is not None else None
-        if pins is not None and pins.pinned_bytes:
-            files += f"; pinned {format_size(pins.pinned_bytes)}"
-        if pins is not None and pins.fallback is not None and pins.pageable_bytes:
-            files += f"; {format_size(pins.pageable_bytes)} pageable (pinning failed)"
-        return (
-            f"{self._layout.trainable_numel:,} trainable params, state {format_size(p.state_nbytes)} in "
-            f"{len(self._layout.shards)} shards: {len(p.resident)} resident ({format_size(p.resident_nbytes)}), "
-            f"{len(p.disk_shards)} streamed from disk ({format_size(p.disk_nbytes)}), arena {p.arena_slots} x "
-            f"{format_size(p.slot_nbytes)}{files}"
-        )
+        """One line: parameters, state size (and its moment format when compressed), and where it lives."""
+        return self._rt.describe(self._layout, self._plan)
 
     # -- lifecycle ----------------------------------------------------
     def close(self) -> None:

@@ -119,6 +119,8 @@ class Attachment:
 
     def __init__(self, model: nn.Module, params: Sequence[Tensor], layout: Layout) -> None:
         self.layout = layout
+        cuda = [p.device for p in params if p.device.type == "cuda"]
+        self._device = cuda[0] if cuda else None  # the worker thread's CUDA device (a thread starts on 0)
         index = {id(p): i for i, p in enumerate(params) if layout.params[i].trainable}
         self._shards_of_module: dict[int, list[int]] = {}
         self._params_of_module: dict[int, list[int]] = {}
@@ -138,12 +140,18 @@ class Attachment:
         self.unattached = sorted(set(index.values()) - covered)
         self._param_modules = index  # id(param) -> index, for the global check
         self._first_use: dict[int, int] = {}  # param index -> order of first use in a forward
+        self._ran: set[int] = set()  # params whose owning module's forward ran since the last step
+        self._functional: list[int] = []  # shards of params used with no forward of their module
         self._board: ShardBoard | None = None
         self._future: Future | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierstore-step")
-        self._warned = False
-        self._handles = [m.register_forward_pre_hook(self._pre_forward) for m in modules]
-        self._handles.append(torch.nn.modules.module.register_module_forward_pre_hook(self._any_forward))
+        self._warned = self._warned_functional = False
+        self._global_hook: Any = None  # only while an update is in flight
+        # prepend: run before other pre-hooks that read the parameters (FSDP2's all-gather).
+        self._handles = [m.register_forward_pre_hook(self._pre_forward, prepend=True) for m in modules]
+        # The root waits for parameters read functionally (F.linear(x, self.head.weight)), whose
+        # own module's forward never runs, so its hook never waits for them.
+        self._handles.append(model.register_forward_pre_hook(self._pre_root, prepend=True))
 
     # -- hooks ----------------------------------------------------------
     def _pre_forward(self, module: nn.Module, args: Any) -> None:
@@ -151,9 +159,15 @@ class Attachment:
         params = self._params_of_module.get(key, ())
         for i in params:
             self._first_use.setdefault(i, len(self._first_use))
+        self._ran.update(params)
         board = self._board
         if board is not None:
             board.wait(self._shards_of_module[key])
+
+    def _pre_root(self, module: nn.Module, args: Any) -> None:
+        board = self._board
+        if board is not None and self._functional:
+            board.wait(self._functional)
 
     def _any_forward(self, module: nn.Module, args: Any) -> None:
         """A module that is not attached but owns parameters being updated must wait too."""
@@ -181,22 +195,41 @@ class Attachment:
             board.wait(s for s, _ in self.layout.segments_of(index))
 
     # -- scheduling -----------------------------------------------------
-    def order(self, shards: Sequence[int]) -> list[int]:
-        """``shards`` in the order the last forward first used their parameters (unused last)."""
+    def order(self, shards: Sequence[int], updated: Iterable[int] = ()) -> list[int]:
+        """``shards`` in the order the last forward first used their parameters (unused last).
+
+        ``updated`` are the parameters this step updates. Those whose module's
+        forward did not run since the last step were read some other way
+        (functionally, through the parent's forward): their shards go first,
+        and the root module's forward waits for them.
+        """
+        functional = [i for i in updated if i not in self._ran] if self._ran else []
+        self._ran = set()
+        self._functional = self.layout.shards_of(functional)
+        if self._functional and not self._warned_functional:
+            self._warned_functional = True
+            log.info(
+                "%d optimized parameters got gradients without their module's forward running (a "
+                "functional use such as F.linear(x, m.weight)): the model's forward waits for them first",
+                len(functional),
+            )
         if not self._first_use:
-            return list(shards)
+            return self._functional + [s for s in shards if s not in set(self._functional)]
         last = len(self._first_use)
         rank = {}
         for s in shards:
             rank[s] = min((self._first_use.get(seg.param, last) for seg in self.layout.shards[s].segments), default=last)
-        return sorted(shards, key=lambda s: (rank[s], s))
+        first = set(self._functional)
+        return sorted(shards, key=lambda s: (s not in first, rank[s], s))
 
     def submit(self, shards: Sequence[int], run: Callable[..., None]) -> None:
         """Run ``run(done)`` in the background; ``done(shard, upload=None)`` marks a shard's parameters updated."""
         self.wait()
-        board = self._board = ShardBoard(shards)
+        board = ShardBoard(shards)
 
         def work() -> None:
+            if self._device is not None:
+                torch.cuda.set_device(self._device)
             try:
                 run(board.done)
             except BaseException as exc:
@@ -206,7 +239,15 @@ class Attachment:
                 for s in shards:
                     board.done(s)
 
-        self._future = self._pool.submit(work)
+        self._board = board  # before the work starts: a forward must wait from now on
+        try:
+            self._future = self._pool.submit(work)
+        except BaseException:
+            self._board = None
+            raise
+        # A module outside the attached model that uses pending parameters waits too (only while
+        # an update is in flight: the hook takes every module off nn.Module's fast path).
+        self._global_hook = torch.nn.modules.module.register_module_forward_pre_hook(self._any_forward)
 
     def wait(self) -> None:
         """Block until the step in flight is done; raise what it raised."""
@@ -218,10 +259,9 @@ class Attachment:
         finally:
             self._future = None
             self._board = None
-
-    @property
-    def in_flight(self) -> bool:
-        return self._future is not None
+            if self._global_hook is not None:
+                self._global_hook.remove()
+                self._global_hook = None
 
     def detach(self) -> None:
         """Remove the hooks and stop the thread (after the step in flight)."""

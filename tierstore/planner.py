@@ -10,16 +10,19 @@ never disagree about bytes. The CLI (:func:`run`) formats the result.
 The formulas, for P trainable parameters with ``b`` bytes each (4 in fp32,
 2 in bf16/fp16):
 
-- optimizer state: 4 B/param per field; fields are ``exp_avg`` and
-  ``exp_avg_sq`` (8 B/param), ``max_exp_avg_sq`` with amsgrad (+4), and an
-  fp32 ``master`` (+4) when the parameters are bf16/fp16 *or live on a GPU*;
+- optimizer state: per field 4 B/param for an fp32 field, the moment
+  format's bytes for a moment (``moment_dtype``: float32 4, bfloat16 2, int8
+  1.016 with its scales); fields are ``exp_avg`` and ``exp_avg_sq``,
+  ``max_exp_avg_sq`` with amsgrad, and an fp32 ``master`` when the
+  parameters are bf16/fp16 *or live on a GPU* (float32: 8, +4, +4 B/param);
 - GPU: weights ``b·(P + frozen)`` and grads ``b·P`` (activations excluded);
 - host: arena ``(prefetch_depth + 2)`` slots of the largest shard, staging
-  buffers, resident shards (what ``ram_budget`` bounds), plus the fixed
-  overhead :data:`~tierstore.budget.OVERHEAD_BYTES` (16 MiB; on a GPU it
-  holds the two 4 MiB gradient buckets); plus the model's weights and grads
-  when it trains on the CPU. On a GPU the budget's buffers and the buckets
-  are pinned;
+  buffers, a compressed format's decode scratch, resident shards (stored
+  compressed): what ``ram_budget`` bounds; plus the fixed overhead
+  :data:`~tierstore.budget.OVERHEAD_BYTES` (16 MiB; on a GPU it holds the
+  two 4 MiB gradient buckets); plus the model's weights and grads when it
+  trains on the CPU. On a GPU the budget's buffers and the buckets are
+  pinned;
 - disk: the on-disk shards once; with durability every shard twice;
 - per step: PCIe ``b·P`` down (grads) and ``b·P`` up (params) with a GPU;
   disk reads every on-disk shard once and writes it once; durable, every
@@ -63,12 +66,13 @@ from pathlib import Path
 
 import torch
 
-from .budget import OVERHEAD_BYTES, TierPlan, plan_tiers
+from .budget import OVERHEAD_BYTES, TierPlan, plan_tiers, staging_nbytes
+from .codecs import FORMATS
 from .errors import BudgetError, ConfigError
 from .factory import resolve
 from .grad_offload import DEFAULT_BUCKET_BYTES
 from .knobs import Knobs
-from .layout import DEFAULT_SHARD_NUMEL, STATE_ITEMSIZE, Layout
+from .layout import DEFAULT_SHARD_NUMEL, MOMENT_FIELDS, STATE_ITEMSIZE, Layout
 from .sizes import format_size, parse_size
 from .spec import decide
 
@@ -81,6 +85,7 @@ EXIT_DOES_NOT_FIT = 3  # `tierstore plan --fail-if-not-fit` when the verdict is 
 DEFAULT_UPDATE_GPARAMS = 1.0  # fused CPU AdamW, order of magnitude on a server socket
 MAX_SHARDS = 1 << 20  # beyond this the layout itself gets big; raise shard_numel
 GB = 10**9  # bandwidths and drive endurance use decimal units
+MOMENT_BYTES = {name: fmt.bytes_per_element for name, fmt in FORMATS.items()}  # per moment element, scales included
 TB = 10**12
 SECONDS_PER_DAY = 86_400
 
@@ -124,11 +129,12 @@ class HostTier:
     staging: int
     resident: int
     resident_shards: int
-    ram_nbytes: int  # arena + staging + resident: what ram_budget bounds
+    ram_nbytes: int  # arena + staging + decode scratch + resident: what ram_budget bounds
     overhead: int  # the fixed overhead beyond ram_budget (budget.OVERHEAD_BYTES)
     grad_buckets: int  # part of the overhead: attach()'s pinned gradient buckets on a GPU
     pinned: int  # page-locked for CUDA copies: the budget's buffers and the gradient buckets
     tierstore_total: int  # ram_nbytes + overhead: the peak RSS growth tierstore promises
+    scratch: int  # a compressed moment format's fp32 decode scratch
     model: int  # weights + grads of a model that trains on the CPU
     total: int
     fits: bool
@@ -208,8 +214,9 @@ class MemoryPlan:
     param_bytes: int
     amsgrad: bool
     durable: bool
+    moment_dtype: str
     fields: tuple[str, ...]
-    state_bytes_per_param: int
+    state_bytes_per_param: float
     shard_numel: int
     shards: int
     prefetch_depth: int
@@ -462,6 +469,7 @@ def plan_memory(
     prefetch_depth: int = DEFAULT_PREFETCH_DEPTH,
     bandwidth: Bandwidth | None = None,
     drive_tbw: float | None = None,
+    moment_dtype: str = "float32",
 ) -> MemoryPlan:
     """Bytes per tier, bytes moved per step and a step-time lower bound.
 
@@ -503,6 +511,9 @@ def plan_memory(
         Drive, PCIe and memory speeds and the CPU update rate.
     drive_tbw
         The drive's rated endurance in TB written (``None``: unknown).
+    moment_dtype
+        How the moments are stored: ``"float32"``, ``"bfloat16"`` or ``"int8"``
+        (as ``TieredAdamW``).
 
     Raises
     ------
@@ -567,6 +578,8 @@ def plan_memory(
         arena_slots=Knobs(prefetch_depth=prefetch_depth).arena_slots,
         ram_budget=ram_budget if ram_budget > 0 else None,
         shard_numel=shard_numel if shard_numel is not None or ram_budget > 0 else DEFAULT_SHARD_NUMEL,
+        moment_dtype=moment_dtype,
+        workers=Knobs(prefetch_depth=prefetch_depth).max_update_threads,
     )
     fields, shard_numel, staging_buffers = spec.fields, spec.shard_numel, spec.staging_buffers
     if n_train / shard_numel > MAX_SHARDS:
@@ -574,8 +587,8 @@ def plan_memory(
             f"shard_numel={shard_numel} cuts {n_train:,} parameters into more than {MAX_SHARDS:,} shards; "
             "raise shard_numel (e.g. 1 << 22)"
         )
-    layout = Layout.build([tensors], shard_numel=shard_numel, fields=fields)
-    tiers, min_budget = _tiers(layout, ram_budget, spec.arena_slots, staging_buffers)
+    layout = Layout.build([tensors], shard_numel=shard_numel, fields=fields, moment_dtype=spec.moment_format)
+    tiers, min_budget = _tiers(layout, ram_budget, spec.arena_slots, staging_buffers, spec.workers)
     if tiers.ram_budget != ram_budget:
         notes.append(
             f"the arithmetic is at ram_budget={format_size(min_budget)}, the smallest that holds the streaming "
@@ -612,6 +625,7 @@ def plan_memory(
         grad_buckets=grad_buckets,
         pinned=tiers.ram_nbytes + grad_buckets if on_gpu else 0,
         tierstore_total=tierstore_total,
+        scratch=tiers.scratch_nbytes,
         model=host_model,
         total=tierstore_total + host_model,
         fits=tierstore_total + host_model <= host_ram,
@@ -665,6 +679,11 @@ def plan_memory(
             "fp32 parameters on a GPU: TieredAdamW keeps an fp32 master copy on the host (+4 B/param), "
             "as the authoritative value the GPU parameters are copied from"
         )
+    if moment_dtype != "float32" and spec.moment_format.name != "float32":
+        notes.append(
+            f"{spec.moment_format.name} moments: each update also decodes and encodes them (CPU work the "
+            "update rate must include; measure it with bench/codec.py or tierstore bench step --moment-dtype)"
+        )
     if disk.total and disk_free is None:
         notes.append("free disk space unknown: pass --state-dir to check the drive")
     return MemoryPlan(
@@ -674,8 +693,9 @@ def plan_memory(
         param_bytes=pbytes,
         amsgrad=bool(amsgrad),
         durable=bool(durable),
+        moment_dtype=spec.moment_format.name,
         fields=fields,
-        state_bytes_per_param=len(fields) * STATE_ITEMSIZE,
+        state_bytes_per_param=int(bpe) if (bpe := layout.bytes_per_element) == int(bpe) else bpe,
         shard_numel=layout.shard_numel,
         shards=len(layout.shards),
         prefetch_depth=prefetch_depth,
@@ -699,16 +719,16 @@ def _signed_size(nbytes: int) -> str:
     return format_size(nbytes) if nbytes >= 0 else f"-{format_size(-nbytes)}"
 
 
-def _tiers(layout: Layout, ram_budget: int, arena_slots: int, staging_buffers: int) -> tuple[TierPlan, int]:
+def _tiers(layout: Layout, ram_budget: int, arena_slots: int, staging_buffers: int, workers: int) -> tuple[TierPlan, int]:
     """The tier split at ``ram_budget``, or at the minimum budget when that one cannot stream; and the minimum."""
-    min_budget = arena_slots * layout.slot_nbytes + staging_buffers * layout.max_capacity * STATE_ITEMSIZE
+    min_budget = arena_slots * layout.slot_nbytes + staging_nbytes(layout, staging_buffers) + layout.scratch_nbytes(workers)
+    kw = dict(arena_slots=arena_slots, staging_buffers=staging_buffers, workers=workers)
     if ram_budget > 0:
         try:
-            return plan_tiers(layout, ram_budget=ram_budget, arena_slots=arena_slots, staging_buffers=staging_buffers), min_budget
+            return plan_tiers(layout, ram_budget=ram_budget, **kw), min_budget
         except BudgetError:
             pass
-    tiers = plan_tiers(layout, ram_budget=min_budget, arena_slots=arena_slots, staging_buffers=staging_buffers)
-    return tiers, min_budget
+    return plan_tiers(layout, ram_budget=min_budget, **kw), min_budget
 
 
 def _shortfalls(gpu: GpuTier, host: HostTier, disk: DiskTier, *, durable: bool, streamed: int) -> list[Shortfall]:
@@ -849,11 +869,13 @@ def format_plan(plan: MemoryPlan) -> str:
     """
     p, g, h, d, t, s, e, tb = plan, plan.gpu, plan.host, plan.disk, plan.traffic, plan.step_time, plan.endurance, plan.torch
     precision = "fp32" if p.precision == "fp32" else f"{p.precision} mixed precision (fp32 master)"
-    parts = " + ".join(f"{f} 4" for f in p.fields)
+    moment_bytes = MOMENT_BYTES[p.moment_dtype]
+    parts = " + ".join(f"{f} {moment_bytes if f in MOMENT_FIELDS else STATE_ITEMSIZE:.4g}" for f in p.fields)
+    moments = "" if p.moment_dtype == "float32" else f", {p.moment_dtype} moments"
     lines = [
         f"tierstore plan: {_count(p.trainable_params)} trainable params ({_count(p.frozen_params)} frozen), "
-        f"{precision}, AdamW{' amsgrad' if p.amsgrad else ''}",
-        f"  optimizer state: {p.state_bytes_per_param} B/param ({parts}) = {_b(p.state)}",
+        f"{precision}, AdamW{' amsgrad' if p.amsgrad else ''}{moments}",
+        f"  optimizer state: {p.state_bytes_per_param:.3g} B/param ({parts}) = {_b(p.state)}",
         f"  shards: {p.shards:,} x {p.shard_numel:,} elements ({format_size(h.slot)} each)",
         "",
     ]
@@ -877,6 +899,7 @@ def format_plan(plan: MemoryPlan) -> str:
         + (f"{h.arena_slots} slots x {format_size(h.slot)} = {_b(h.arena)}" if h.arena_slots else "none (all state resident)"),
         "  staging              "
         + (f"{h.staging_buffers} x {format_size(h.staging // h.staging_buffers)} = {_b(h.staging)}" if h.staging_buffers else "none (fp32 on the CPU)"),
+        *([f"  decode scratch       {_b(h.scratch)} ({p.moment_dtype} shards decode into fp32)"] if h.scratch else []),
         f"  resident state       {_b(h.resident)} ({h.resident_shards:,} of {p.shards:,} shards)",
         f"  = ram_budget's part  {_b(h.ram_nbytes)} (the smallest ram_budget that streams: {format_size(h.min_budget)})",
         f"  fixed overhead       {format_size(h.overhead)} (interpreter, I/O threads, checkpoint and DCP buffers"
@@ -938,7 +961,9 @@ def format_plan(plan: MemoryPlan) -> str:
         f"optimizer {_b(tb.optimizer)} ({opt_per_param} B/param) = {_b(tb.total)}"
         f" ({tb.total // max(p.trainable_params, 1)} B/param){fits}",
         f"TieredAdamW(..., ram_budget={h.budget}, shard_numel={p.shard_numel}, "
-        f"prefetch_depth={p.prefetch_depth}{', durable=True' if p.durable else ''})  # ram_budget = {format_size(h.budget)}",
+        f"prefetch_depth={p.prefetch_depth}{', durable=True' if p.durable else ''}"
+        f"{'' if p.moment_dtype == 'float32' else f', moment_dtype={p.moment_dtype!r}'})"
+        f"  # ram_budget = {format_size(h.budget)}",
     ]
     lines += [f"note: {n}" for n in p.notes]
     lines.append(f"verdict: {p.verdict}")
@@ -957,6 +982,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frozen", default="0", help="frozen parameters (with --params): weights only")
     parser.add_argument("--precision", choices=sorted(PRECISIONS), help="fp32, or bf16/fp16 mixed precision with an fp32 master (default: fp32, or the model's dtype)")
     parser.add_argument("--amsgrad", action="store_true", help="AdamW with amsgrad (+4 B/param)")
+    parser.add_argument("--moment-dtype", default="float32", choices=sorted(MOMENT_BYTES), help="how the moments are stored (default float32: bitwise torch AdamW; bfloat16: 2 B, int8: 1.016 B per moment element)")
     parser.add_argument("--gpu-memory", metavar="SIZE", help="the model trains on a GPU with this much memory, e.g. 80GB")
     parser.add_argument("--gpu", action="store_true", help="the model trains on a GPU of unknown size")
     parser.add_argument("--host-ram", metavar="SIZE", help="host RAM, e.g. 512GiB (default: this machine's)")
@@ -1033,6 +1059,7 @@ def run(args: argparse.Namespace) -> int:
         prefetch_depth=args.prefetch_depth,
         bandwidth=bandwidth,
         drive_tbw=_rate(args.drive_tbw, "--drive-tbw"),
+        moment_dtype=args.moment_dtype,
     )
     note = _state_dir_note(args.state_dir) if args.state_dir and args.disk_free is None else None
     if note:

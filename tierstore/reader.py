@@ -3,7 +3,10 @@
 :class:`StateReader` is what ``tierstore inspect``, ``verify``, ``export`` and
 ``to-torch`` stand on: it reads the manifest, rebuilds the layout, and reads
 each shard's committed copy (verifying its checksum) into one reusable
-buffer, one shard at a time, so it needs about one shard of RAM.
+buffer, one shard at a time, so it needs about one shard of RAM (two in a
+compressed moment format: the stored extent, and the fp32 values it decodes
+to). :meth:`StateReader.read_extent` gives the stored bytes,
+:meth:`StateReader.read_shard` the fp32 values in every format.
 
 Example
 -------
@@ -87,6 +90,7 @@ class StateReader:
             self._offsets.append(self._offsets[-1] + self.layout.shard_nbytes(shard))
         self._files: dict[int, ShardFile] = {}
         self._buffer: HostBuffer | None = None
+        self._wide: torch.Tensor | None = None
 
     # -- summary ------------------------------------------------------
     @property
@@ -139,8 +143,9 @@ class StateReader:
                 self.progress(nbytes)
         return self._buffer.tensor[:nbytes].view(torch.float32), shard_checksum(view), offset, nbytes
 
-    def read_shard(self, index: int) -> torch.Tensor:
-        """The committed fp32 bytes of shard ``index`` (valid until the next read).
+    def read_extent(self, index: int) -> torch.Tensor:
+        """The committed, verified extent of shard ``index``: its stored bytes as 32-bit words
+        (see :meth:`~tierstore.layout.Layout.stored_field`; valid until the next read).
 
         Raises
         ------
@@ -155,10 +160,34 @@ class StateReader:
             raise checksum_mismatch(index, self.path / STATE_FILES[rec["copy"]], offset, nbytes, rec["checksum"], got)
         return flat
 
+    def read_shard(self, index: int) -> torch.Tensor:
+        """The committed fp32 values of shard ``index``, every field back to back (decoded in a
+        compressed moment format; valid until the next read).
+
+        Raises
+        ------
+        CorruptStateError
+            If it fails its checksum, naming the shard and the file.
+        """
+        extent = self.read_extent(index)
+        if not self.layout.encoded:
+            return extent
+        shard = self.layout.shards[index]
+        if self._wide is None:
+            self._wide = torch.empty(self.layout.max_capacity * len(self.layout.fields))
+        wide = self._wide[: self.layout.wide_nbytes(shard) // 4]
+        self.layout.decode_shard(shard, extent, wide)
+        return wide
+
     def iter_shards(self) -> Iterator[tuple[ShardSpec, torch.Tensor]]:
-        """Every shard with its verified committed bytes, in order."""
+        """Every shard with its verified committed fp32 values, in order."""
         for shard in self.layout.shards:
             yield shard, self.read_shard(shard.index)
+
+    def iter_extents(self) -> Iterator[tuple[ShardSpec, torch.Tensor]]:
+        """Every shard with its verified committed extent (stored bytes), in order."""
+        for shard in self.layout.shards:
+            yield shard, self.read_extent(shard.index)
 
     def param_state(self, index: int) -> dict[str, torch.Tensor]:
         """Full fp32 tensors of one parameter's state (``exp_avg``, ..., ``master_param``)."""
@@ -215,6 +244,7 @@ class StateReader:
         if self._buffer is not None:
             self._buffer.close()
             self._buffer = None
+        self._wide = None
 
     def __enter__(self) -> StateReader:
         return self

@@ -30,22 +30,33 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
+import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
 
+from . import distributed
+from .access import ShardVisit
+from .budget import TierPlan
 from .errors import ClosedError, StepFailedError
 from .grad_offload import GradientOffload
+from .hyper import GroupHyper
 from .journal import Journal, Progress
+from .knobs import Knobs
+from .layout import Layout, ShardSpec
 from .overlap import Attachment
 from .pipeline import RunStats, ShardPipeline
+from .sizes import format_size
+from .spec import StateSpec
 from .store import ShardStore
-from .torch_format import param_steps
-from .update import UploadBuffers
+from .torch_format import param_steps, reset_param_steps, restore_groups
+from .update import ActiveParam, ShardUpdate, UploadBuffers, intra_op_threads
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +77,24 @@ class StepStats(RunStats):
     step_seconds: float = 0.0  # the step's own wall time
     gap_seconds: float = 0.0  # the loop's time since the previous step ended
     pinned_bytes: int = 0  # host memory pinned for CUDA copies (within ram_budget)
+
+
+_OUR_THREADS = ("tierstore-commit", "tierstore-step", "tierstore-read", "tierstore-write")
+_OPEN: weakref.WeakSet[Runtime] = weakref.WeakSet()  # runtimes an owner token keeps (closed ones too)
+
+
+def _close_at_exit() -> None:
+    """Close every runtime still open, before concurrent.futures stops its thread pools."""
+    for runtime in list(_OPEN):
+        runtime._close_quietly()  # close() is idempotent
+
+
+try:  # runs before concurrent.futures' own exit hook, which was registered earlier (LIFO)
+    threading._register_atexit(_close_at_exit)
+except (AttributeError, RuntimeError):  # another Python, or already shutting down: weakref's atexit remains
+    import atexit
+
+    atexit.register(_close_at_exit)
 
 
 class _Owner:
@@ -108,14 +137,22 @@ class Runtime:
         self._last_step_end: float | None = None
         self.failure: BaseException | None = None
         self.closed = False
+        self._pid = os.getpid()
         self._state = state
         self._param_groups = param_groups
         self._params = params
 
     def owner(self) -> object:
-        """A token to keep in the optimizer: when the last holder is gone, :meth:`close` runs."""
+        """A token to keep in the optimizer: when the last holder is gone, :meth:`close` runs.
+
+        At interpreter exit every runtime still open is closed while the thread
+        pools can still run work (:func:`_close_at_exit`).
+        """
         token = _Owner()
-        weakref.finalize(token, self._close_quietly)
+        finalizer = weakref.finalize(token, self._close_quietly)
+        finalizer.atexit = False  # _close_at_exit closes it first, while the I/O pools still run
+        self._pid = os.getpid()  # only this process closes it (see _close_quietly)
+        _OPEN.add(self)
         return token
 
     def progress(self) -> Progress:
@@ -147,17 +184,28 @@ class Runtime:
         """Commit the last change with the current step bookkeeping, and wait until it is durable."""
         self.journal.commit(self.progress(), wait=True)
 
-    def run_step(self, shards: Sequence[int], update: Any, *, threads: Any, progress: Progress) -> None:
+    def run_step(
+        self,
+        shards: Sequence[int],
+        update: Any,
+        *,
+        threads: Any,
+        progress: Progress,
+        agreed: tuple[float, bool] | None = None,
+    ) -> None:
         """One step: the update of ``shards`` through the pipeline, then its commit per the policy.
 
         ``threads`` is the intra-op thread setting to run the update under;
         ``progress`` the step bookkeeping captured when the step was called
-        (the caller already counted the step).
+        (the caller already counted the step). ``agreed``: the start of the
+        step (seconds waited) and the commit decision, already taken on the
+        training loop's thread (under torch.distributed their collectives
+        must run there, in step with the loop's own).
         """
         started = time.monotonic()
         gap = 0.0 if self._last_step_end is None else started - self._last_step_end
         with self.mutation():
-            stall = self.journal.start_of_step()
+            stall = self.journal.start_of_step() if agreed is None else agreed[0]
             run = RunStats()
             if shards:
                 with threads:
@@ -165,12 +213,15 @@ class Runtime:
             ended = time.monotonic()
             stall += run.persist_wait + run.commit_wait
             resident_before = self.journal.stats.resident_bytes
-            committed = self.journal.end_step(progress, gap=gap, step_seconds=ended - started, stall=stall)
+            decision = None if agreed is None else agreed[1]
+            committed = self.journal.end_step(
+                progress, gap=gap, step_seconds=ended - started, stall=stall, decision=decision
+            )
         self._last_step_end = time.monotonic()
         if shards:
             commit_bytes = self.journal.stats.resident_bytes - resident_before
             self.last_run = StepStats(
-                **dataclasses.asdict(run),
+                **{f.name: getattr(run, f.name) for f in dataclasses.fields(run)},  # shallow: no deep copies
                 committed=committed,
                 commit_bytes=commit_bytes,
                 drive_bytes=run.bytes_written + commit_bytes,
@@ -193,7 +244,158 @@ class Runtime:
                 f"{where} to continue from the last committed step ({self.journal.committed_step_text()})"
             ) from self.failure
 
+    def new_update(
+        self, layout: Layout, spec: StateSpec, active: list[ActiveParam], hypers: list[GroupHyper], *, knobs: Knobs
+    ) -> ShardUpdate:
+        """The update of one step over ``active``, on this runtime's buffers."""
+        streams = layout.encoded and any(not self.store.is_resident(i) for i in layout.shards_of(active))
+        return ShardUpdate(
+            layout,
+            active,
+            hypers,
+            staging=self.store.staging_buffer if spec.staged else None,
+            uploads=self.uploads if spec.cuda else None,
+            scratch=self.store.scratch_buffer if layout.encoded else None,
+            workers=knobs.codec_threads(streaming=streams, behind=self.attachment is not None),
+        )
+
+    # -- whole-state access (tierstore.access) -------------------------
+    def visit(
+        self, layout: Layout, visit: ShardVisit, shards: Iterable[int] | None = None, *, decode_threads: int | None = None
+    ) -> int:
+        """Call ``visit(shard, flat)`` once per shard, read-only, through the pipeline; return the shards read.
+
+        With ``decode_threads`` ``flat`` holds the shard's fp32 values (a
+        compressed format decoded into the scratch buffer); ``None``: the
+        stored extent.
+        """
+        order = range(len(layout.shards)) if shards is None else shards
+        if decode_threads is not None and layout.encoded:
+            inner = visit
+
+            def visit(shard: ShardSpec, extent: Tensor) -> None:
+                wide = self.store.scratch_buffer()[: layout.wide_nbytes(shard) // 4]
+                layout.decode_shard(shard, extent, wide, threads=decode_threads)
+                inner(shard, wide)
+
+        return self.pipeline.run(order, visit, write=False).reads
+
+    def replace(
+        self,
+        layout: Layout,
+        fill: ShardVisit,
+        *,
+        sync: ShardVisit,
+        param_steps: dict[int, float],
+        groups: Sequence[dict[str, Any]],
+        step_count: int | None,
+        encode_threads: int | None,
+    ) -> None:
+        """Overwrite every shard with ``fill``, then ``sync`` it (masters), replace the step bookkeeping, commit.
+
+        With ``encode_threads`` ``fill`` sets fp32 values that are then encoded
+        into the shard; ``None``: ``fill`` sets the stored bytes. A failure
+        part-way refuses further use (:meth:`mutation`).
+        """
+
+        def fill_and_sync(shard: ShardSpec, extent: Tensor) -> None:
+            if encode_threads is not None and layout.encoded:
+                wide = self.store.scratch_buffer()[: layout.wide_nbytes(shard) // 4]
+                fill(shard, wide)
+                layout.encode_shard(shard, wide, extent, threads=encode_threads)
+            else:
+                fill(shard, extent)
+            sync(shard, extent)
+
+        with self.mutation():
+            if step_count is not None:
+                self.step_count = int(step_count)
+            self.pipeline.run(range(len(layout.shards)), fill_and_sync, read=False)
+            reset_param_steps(self._state, self._params, param_steps)
+            restore_groups(self._param_groups, groups)
+            self.commit()
+
+    def describe(self, layout: Layout, plan: TierPlan) -> str:
+        """One line: parameters, state size (and format when compressed), where it lives, files, pinning."""
+        p, files = plan, ""
+        disk = 0 if self.closed else self.store.disk_nbytes
+        if disk:
+            files = f"; files {format_size(disk)} ({'2 copies, durable' if self.journal.durable else '1 copy'})"
+        pins = self.store.pins.stats()
+        if pins.pinned_bytes:
+            files += f"; pinned {format_size(pins.pinned_bytes)}"
+        if pins.fallback is not None and pins.pageable_bytes:
+            files += f"; {format_size(pins.pageable_bytes)} pageable (pinning failed)"
+        fmt = ""
+        if layout.encoded:
+            fmt = (
+                f" ({layout.format.name} moments, {layout.bytes_per_element:.3g} B/param; "
+                f"decode scratch {format_size(p.scratch_nbytes)})"
+            )
+        return (
+            f"{layout.trainable_numel:,} trainable params, state {format_size(p.state_nbytes)}{fmt} in "
+            f"{len(layout.shards)} shards: {len(p.resident)} resident ({format_size(p.resident_nbytes)}), "
+            f"{len(p.disk_shards)} streamed from disk ({format_size(p.disk_nbytes)}), arena {p.arena_slots} x "
+            f"{format_size(p.slot_nbytes)}{files}"
+        )
+
     # -- lifetime -----------------------------------------------------
+    def schedule_step(self, update: ShardUpdate, *, progress: Progress, knobs: Knobs) -> None:
+        """Run one step's update now, or behind the training loop when a model is attached."""
+        if self.attachment is None:
+            streams = any(not self.store.is_resident(i) for i in update.shards)
+            threads = intra_op_threads(knobs.streaming_threads if streams else None)
+            self.run_step(update.shards, update, threads=threads, progress=progress)
+            return
+        # Behind the loop: the update runs on the attachment's thread, in first-use order.
+        order = self.attachment.order(update.shards, update.active)
+        if torch.cuda.is_available() and update.uploads is not None:
+            # The worker's copies wait for what the loop queued so far (backward, clipping).
+            update.ready = torch.cuda.Event()
+            update.ready.record()
+        threads = intra_op_threads(knobs.overlap_threads)
+        agreed = None
+        if self.journal.committing and distributed.rank_and_world()[1] > 1:
+            # Collectives stay on this thread, in step with the loop's own (FSDP, DDP).
+            with self.mutation():
+                agreed = (self.journal.start_of_step(), self.journal.decide(progress.step_count))
+
+        def run(done: Callable[..., None]) -> None:
+            def visit(shard: ShardSpec, flat: Tensor) -> None:
+                update(shard, flat)
+                done(shard.index, update.upload_event)
+
+            self.run_step(order, visit, threads=threads, progress=progress, agreed=agreed)
+
+        self.attachment.submit(order, run)
+
+    def attach(
+        self,
+        model: nn.Module,
+        params: Sequence[Tensor],
+        layout: Layout,
+        *,
+        cuda: bool,
+        offload_grads: bool,
+        grad_bucket_bytes: int,
+        pin: bool | None,
+    ) -> None:
+        """Hook ``model`` so steps run behind the loop (and gradients leave the device, with ``offload_grads``)."""
+        self.detach()
+        attachment = self.attachment = Attachment(model, params, layout)
+        if cuda:
+            self.uploads.stream = torch.cuda.Stream()  # parameters go up beside the forward, not in its stream
+        if offload_grads:
+            self.offload = GradientOffload(params, bucket_bytes=grad_bucket_bytes, pin=pin)
+            self.offload.before_land = attachment.wait_for_param
+        if attachment.unattached:
+            log.warning(
+                "attach(%s): %d optimized parameters are not owned by it; a forward that uses them "
+                "waits (and warns), other reads need opt.synchronize()",
+                type(model).__name__,
+                len(attachment.unattached),
+            )
+
     def synchronize(self) -> None:
         """Wait for a step running behind the training loop; raise what it raised."""
         if self.attachment is not None:
@@ -227,9 +429,22 @@ class Runtime:
     def release(self, *, discard: bool = False) -> None:
         """Free memory, threads and files and unlock the directory, without committing."""
         self.uploads.synchronize()
+        self.journal.stop_commits()  # the commit thread may still use the store
         self.store.close()
         self.journal.release(discard=discard)
 
     def _close_quietly(self) -> None:
-        with contextlib.suppress(Exception):  # garbage collection or interpreter exit: nothing sensible left to do
+        """Close without raising: called when the last holder is gone, or at interpreter exit."""
+        if os.getpid() != self._pid:
+            # A forked child (a DataLoader worker, say) inherited this object: the files, the
+            # lock and the state belong to the parent, which keeps using them. Leave them be.
+            return
+        if threading.current_thread().name.startswith(_OUR_THREADS):
+            # Garbage collection ran on one of our own threads (a commit, a step, an I/O worker):
+            # closing here would wait for that very thread. Close from a new one instead.
+            threading.Thread(target=self._close_quietly, name="tierstore-close").start()
+            return
+        try:
             self.close()
+        except Exception:  # garbage collection or interpreter exit: report, there is no caller to raise to
+            log.exception("closing an optimizer that was not closed failed; resume from its last commit")

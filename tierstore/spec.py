@@ -3,8 +3,9 @@
 Given the trainable parameters (their dtypes, whether any lives on a GPU),
 the optimizer's options and its budget, :func:`decide` chooses the state's
 fields (moments, ``max_exp_avg_sq`` with amsgrad, an fp32 master copy when
-some parameter is not fp32 on the CPU or ``keep_master`` asks), how many
-staging buffers the update needs, the arena's slots and the shard size.
+some parameter is not fp32 on the CPU or ``keep_master`` asks), the moments'
+format (``moment_dtype``: its bytes per element come from the layout), how
+many staging buffers the update needs, the arena's slots and the shard size.
 ``TieredAdamW``, the planner (``tierstore plan``) and the DeepSpeed-config
 mapping all call it, so they never disagree about bytes.
 
@@ -13,8 +14,8 @@ Example
 >>> import torch
 >>> spec = decide(numel=10_000, dtypes=[torch.bfloat16], cuda=False, amsgrad=False,
 ...               keep_master=None, arena_slots=4, ram_budget=None, shard_numel=None)
->>> spec.fields, spec.staging_buffers, spec.shard_numel
-(('master', 'exp_avg', 'exp_avg_sq'), 1, 4194304)
+>>> spec.fields, spec.staging_buffers, spec.shard_numel, spec.moment_format.name
+(('master', 'exp_avg', 'exp_avg_sq'), 1, 4194304, 'float32')
 """
 
 from __future__ import annotations
@@ -24,9 +25,17 @@ from dataclasses import dataclass
 
 import torch
 
+from .codecs import MomentFormat
 from .dtensor import local_tensor
 from .errors import ConfigError
-from .layout import DEFAULT_SHARD_NUMEL, STATE_ITEMSIZE, Layout, fields_for
+from .layout import (
+    DEFAULT_SHARD_NUMEL,
+    MOMENT_FIELDS,
+    STATE_ITEMSIZE,
+    Layout,
+    fields_for,
+    layout_format,
+)
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 RESIDENT_SHARD_NUMEL = 1 << 24  # 16 Mi elements, when all state is resident and unstaged
@@ -46,6 +55,8 @@ class StateSpec:
     staging_buffers: int
     arena_slots: int
     shard_numel: int
+    moment_format: MomentFormat  # how the moments are stored (codecs.FORMATS)
+    workers: int = 1  # the most threads a compressed update uses (sizes its decode scratch)
 
 
 def decide(
@@ -59,12 +70,22 @@ def decide(
     ram_budget: int | None,
     shard_numel: int | None,
     saved: Layout | None = None,
+    moment_dtype: str | MomentFormat | None = None,
+    workers: int = 1,
 ) -> StateSpec:
     """Decide what the state holds for ``numel`` trainable elements of the given dtypes.
 
     ``saved`` is the layout of a state being resumed: it fixes the shard size
     and keeps its master and amsgrad fields where the caller left them open.
+    ``moment_dtype`` (``None``: ``"float32"``) is the moments' format;
+    ``workers`` the most threads a compressed update runs on.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown ``moment_dtype``.
     """
+    fmt = layout_format(moment_dtype)
     dtypes = set(dtypes)
     low_precision = any(d != torch.float32 for d in dtypes)
     master = bool(keep_master) or low_precision or cuda
@@ -77,7 +98,13 @@ def decide(
     staging = CUDA_STAGING_BUFFERS if cuda else (1 if staged else 0)
     if shard_numel is None:
         shard_numel = auto_shard_numel(
-            numel, ram_budget=ram_budget, nfields=len(fields), arena_slots=arena_slots, staging_buffers=staging
+            numel,
+            ram_budget=ram_budget,
+            nfields=len(fields),
+            arena_slots=arena_slots,
+            staging_buffers=staging,
+            stored_bytes=_stored_bytes_per_element(fields, fmt),
+            scratch_bytes=0.0 if fmt.exact else float(len(fields) * STATE_ITEMSIZE),
         )
     return StateSpec(
         fields=fields,
@@ -88,7 +115,14 @@ def decide(
         staging_buffers=staging,
         arena_slots=arena_slots,
         shard_numel=shard_numel,
+        moment_format=fmt,
+        workers=workers,
     )
+
+
+def _stored_bytes_per_element(fields: Iterable[str], fmt: MomentFormat) -> float:
+    """Bytes one element of the flat space takes in an extent (the layout's arithmetic, unpadded)."""
+    return sum(fmt.bytes_per_element if f in MOMENT_FIELDS else STATE_ITEMSIZE for f in fields)
 
 
 def decide_for(
@@ -100,6 +134,8 @@ def decide_for(
     ram_budget: int | None,
     shard_numel: int | None,
     saved: Layout | None = None,
+    moment_dtype: str | MomentFormat | None = None,
+    workers: int = 1,
 ) -> StateSpec:
     """:func:`decide` for real tensors: the trainable ones among ``params`` (local parts of DTensors)."""
     trainable = [local_tensor(p) for p in params if p.requires_grad]
@@ -113,25 +149,41 @@ def decide_for(
         ram_budget=ram_budget,
         shard_numel=shard_numel,
         saved=saved,
+        moment_dtype=moment_dtype,
+        workers=workers,
     )
 
 
-def auto_shard_numel(numel: int, *, ram_budget: int | None, nfields: int, arena_slots: int, staging_buffers: int) -> int:
-    """Largest power-of-two shard size up to 4 Mi whose arena and staging fit in half the budget.
+def auto_shard_numel(
+    numel: int,
+    *,
+    ram_budget: int | None,
+    nfields: int,
+    arena_slots: int,
+    staging_buffers: int,
+    stored_bytes: float | None = None,
+    scratch_bytes: float = 0.0,
+) -> int:
+    """Largest power-of-two shard size up to 4 Mi whose arena, staging and scratch fit in half the budget.
 
-    When everything stays resident and nothing is staged, shards are 16 Mi:
-    each shard piece is one call of the fused kernel, and fewer calls run
-    closer to torch's one call per parameter.
+    ``stored_bytes`` is what one element takes in a shard's extent (default:
+    ``nfields`` fp32 fields), ``scratch_bytes`` what a compressed format's
+    decode scratch takes per element of one shard. When everything stays
+    resident and nothing is staged or decoded, shards are 16 Mi: each shard
+    piece is one call of the fused kernel, and fewer calls run closer to
+    torch's one call per parameter.
 
     Example
     -------
     >>> auto_shard_numel(10**8, ram_budget=64 << 20, nfields=2, arena_slots=4, staging_buffers=0)
     1048576
     """
+    stored = nfields * STATE_ITEMSIZE if stored_bytes is None else stored_bytes
     size = DEFAULT_SHARD_NUMEL
-    if ram_budget is None or (numel * nfields + staging_buffers * min(size, numel)) * STATE_ITEMSIZE <= ram_budget:
-        return RESIDENT_SHARD_NUMEL if staging_buffers == 0 else size
-    while size > MIN_AUTO_SHARD_NUMEL and (arena_slots * nfields + staging_buffers) * size * STATE_ITEMSIZE > ram_budget // 2:
+    per_shard = staging_buffers * STATE_ITEMSIZE + scratch_bytes  # bytes per element of one shard
+    if ram_budget is None or numel * stored + per_shard * min(size, numel) <= ram_budget:
+        return RESIDENT_SHARD_NUMEL if staging_buffers == 0 and not scratch_bytes else size
+    while size > MIN_AUTO_SHARD_NUMEL and (arena_slots * stored + per_shard) * size > ram_budget // 2:
         size //= 2
     return size
 

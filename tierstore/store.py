@@ -189,8 +189,12 @@ class ShardStore:
         self._resident: HostBuffer | None = None
         self._arena: HostBuffer | None = None
         self._staging: HostBuffer | None = None
+        self._scratch: HostBuffer | None = None
         self._dirty_copies: set[int] = set()
         self._dirty_lock = threading.Lock()
+        # Called before every write of a streamed shard; the journal sets it to "wait until no
+        # commit in flight needs the copies this write may overwrite", so no writer can forget it.
+        self.write_fence: Callable[[], object] | None = None
         self._created: list[Path] = []
         self.is_open = False
 
@@ -230,6 +234,8 @@ class ShardStore:
             self._resident = HostBuffer(self.plan.resident_nbytes, pin=self.pin, pins=self.pins)
             self._arena = HostBuffer(self.plan.arena_nbytes, pin=self.pin, pins=self.pins)
             self._staging = HostBuffer(self.plan.staging_nbytes, pin=self.pin, pins=self.pins)
+            # Decode scratch never crosses to a GPU: not pinned.
+            self._scratch = HostBuffer(self.plan.scratch_nbytes, pin=False)
             if committed is not None:
                 if len(committed) != len(self.entries):
                     raise CorruptStateError(
@@ -286,7 +292,7 @@ class ShardStore:
         for f in self.files:
             f.close()
         self.files = []
-        for name in ("_resident", "_arena", "_staging"):
+        for name in ("_resident", "_arena", "_staging", "_scratch"):
             buf = getattr(self, name)
             if buf is not None:
                 buf.close()
@@ -312,7 +318,11 @@ class ShardStore:
         return self.entries[index].tier == "ram"
 
     def resident_buffer(self, index: int) -> torch.Tensor:
-        """The fp32 elements of resident shard ``index`` (all its fields, back to back)."""
+        """The extent of resident shard ``index`` (all its fields as stored), as 32-bit words.
+
+        In ``"float32"`` these are the fields' fp32 values back to back; in a
+        compressed format, see :meth:`~tierstore.layout.Layout.stored_field`.
+        """
         self._require_open()
         assert self._resident is not None
         start = self._resident_offset[index]
@@ -324,7 +334,7 @@ class ShardStore:
         return self._resident.view[start : start + self.entries[index].nbytes]
 
     def slot_buffer(self, slot: int, nbytes: int | None = None) -> torch.Tensor:
-        """The fp32 elements of arena slot ``slot`` (its first ``nbytes`` bytes)."""
+        """Arena slot ``slot`` (its first ``nbytes`` bytes) as 32-bit words, like :meth:`resident_buffer`."""
         self._require_open()
         assert self._arena is not None
         start = slot * self.plan.slot_nbytes
@@ -334,6 +344,12 @@ class ShardStore:
         assert self._arena is not None
         start = slot * self.plan.slot_nbytes
         return self._arena.view[start : start + nbytes]
+
+    def scratch_buffer(self) -> torch.Tensor:
+        """The fp32 scratch a compressed format's shards are decoded into (empty for ``"float32"``)."""
+        self._require_open()
+        assert self._scratch is not None
+        return self._scratch.tensor[: self.plan.scratch_nbytes].view(torch.float32)
 
     def staging_buffer(self, which: int = 0) -> torch.Tensor:
         """Staging buffer ``which`` as fp32, as large as the largest shard."""
@@ -351,7 +367,8 @@ class ShardStore:
         assert self.io is not None
         digests = BlockDigests(entry.nbytes)
         # The newest bytes: the copy written since the last commit, else the committed one.
-        copy, expected = entry.pending if entry.pending is not None else (entry.copy, entry.checksum)
+        pending = entry.pending  # read once: a commit thread may adopt it meanwhile
+        copy, expected = pending if pending is not None else (entry.copy, entry.checksum)
         transfer = self.io.read(self.files[copy], view, entry.offset, on_chunk=digests.update)
 
         def verify() -> None:
@@ -383,8 +400,13 @@ class ShardStore:
         return self._read_into(entry, self._slot_view(slot, entry.nbytes))
 
     def write(self, index: int, slot: int) -> ShardTransfer:
-        """Start writing arena slot ``slot`` as the new bytes of disk shard ``index``."""
+        """Start writing arena slot ``slot`` as the new bytes of disk shard ``index``.
+
+        Waits first at the write fence, when one is set (:attr:`write_fence`).
+        """
         self._require_open()
+        if self.write_fence is not None:
+            self.write_fence()
         entry = self.entries[index]
         return self._write_from(entry, self._slot_view(slot, entry.nbytes))
 
@@ -450,10 +472,12 @@ class ShardStore:
                 entry.persist = None
         if self.durable if sync is None else sync:
             with self._dirty_lock:  # files written since the last sync, however many commits ago
-                dirty, self._dirty_copies = sorted(self._dirty_copies), set()
+                dirty = sorted(self._dirty_copies)
             crash_point("before-sync")
             for copy in dirty:
                 self.files[copy].sync()
+            with self._dirty_lock:  # forgotten only once synced: a failed sync is not "done"
+                self._dirty_copies.difference_update(dirty)
         for entry in self.entries:
             if entry.pending is not None:
                 copy, checksum = entry.pending

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .dtensor import local_tensor
-from .errors import ConfigError
+from .errors import ConfigError, ParamsChangedError
 from .hyper import check_hyper
 from .layout import FIELD_ORDER, STATE_KEY_OF_FIELD, Layout
 
@@ -57,6 +57,34 @@ def param_steps(state: Mapping[Any, Mapping[str, Any]], params: Sequence[Tensor]
         st = state.get(p)
         steps.append(float(st["step"]) if st and "step" in st else None)
     return steps
+
+
+def reset_param_steps(state: dict[Any, dict[str, Any]], params: Sequence[Tensor], steps: Mapping[int, float]) -> None:
+    """Give each parameter whose position is in ``steps`` that step count; the others have no state."""
+    for i, p in enumerate(params):
+        if i in steps:
+            state[p] = {"step": step_tensor(steps[i])}
+        else:
+            state.pop(p, None)
+
+
+def restore_groups(param_groups: Sequence[dict[str, Any]], saved: Sequence[Mapping[str, Any]]) -> None:
+    """Take the hyperparameters of ``saved`` groups (not their params), torch's defaults where absent."""
+    for mine, group in zip(param_groups, saved):
+        mine.update({k: v for k, v in group.items() if k != "params"})
+        for key, value in GROUP_DEFAULTS.items():
+            mine.setdefault(key, value)
+        mine["betas"] = tuple(float(b) for b in mine["betas"])
+
+
+def check_same_params(param_groups: Sequence[Mapping[str, Any]], params: Sequence[Tensor]) -> None:
+    """Raise ``ParamsChangedError`` if the groups no longer hold exactly ``params`` (the layout is fixed)."""
+    now = [p for g in param_groups for p in g["params"]]
+    if len(now) != len(params) or any(a is not b for a, b in zip(now, params)):
+        raise ParamsChangedError(
+            f"the optimizer's parameters changed since construction ({len(params)} then, {len(now)} now); "
+            "TieredAdamW's state layout is fixed: build a new optimizer for a new set of parameters"
+        )
 
 
 def packed_groups(param_groups: Sequence[Mapping[str, Any]], params: Sequence[Tensor]) -> list[dict[str, Any]]:

@@ -12,6 +12,19 @@ upload buffers, :class:`UploadBuffers`). :func:`master_sync` copies masters
 and parameters one way or the other, shard by shard (fresh state, resume,
 loaded state).
 
+One math for every moment format. In ``"float32"`` the kernel updates the
+shard's own bytes, exactly as ``torch.optim.AdamW(fused=True)`` would. In a
+compressed format (:mod:`tierstore.codecs`) the parts of the shard that
+parameters with a gradient occupy are cut into cache-sized chunks; for each
+chunk a worker (:mod:`tierstore.workers`) decodes the moments into its fp32
+scratch, runs the same fused kernel on the chunk's pieces, and encodes the
+moments back into the shard's bytes; the master stays fp32 in place. The
+chunks cut parameters only at multiples of 64 elements (the kernel gives the
+same bits as on the whole tensor) and moments only at block boundaries (the
+codec gives the same bytes as on the whole field), and blocks of parameters
+without a gradient are not touched, so the result equals decode -> kernel ->
+encode on whole shards, bit for bit, for any chunking and thread count.
+
 Example
 -------
 >>> import torch
@@ -40,13 +53,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import codecs
 from .dtensor import local_tensor
 from .errors import ParamsChangedError
 from .faults import crash_point
 from .hyper import GroupHyper
 from .kernel import adamw
-from .layout import Layout, ShardSpec
+from .layout import MOMENT_FIELDS, Layout, ShardSpec, round_up, update_chunk_numel
 from .torch_format import step_tensor
+from .workers import run_each
 
 #: Staging buffer roles: fp32 gradients, raw (non-fp32) CUDA gradients, two upload buffers.
 STAGE_FP32, STAGE_RAW, STAGE_UPLOAD = 0, 1, 2
@@ -183,6 +198,11 @@ class ShardUpdate:
         ``None`` when no gradient is staged.
     uploads
         The upload buffers for CUDA parameters (``None`` without CUDA).
+    scratch
+        A compressed layout's fp32 decode scratch (``None`` in ``"float32"``):
+        :meth:`~tierstore.layout.Layout.scratch_nbytes` for ``workers``.
+    workers
+        Threads a compressed layout's chunks run on.
     """
 
     def __init__(
@@ -193,16 +213,21 @@ class ShardUpdate:
         *,
         staging: Callable[[int], Tensor] | None,
         uploads: UploadBuffers | None,
+        scratch: Callable[[], Tensor] | None = None,
+        workers: int = 1,
     ) -> None:
         self.layout = layout
         self.active = active
         self.hypers = hypers
         self.staging = staging
         self.uploads = uploads
+        self.scratch = scratch
+        self.workers = workers
         self.master = "master" in layout.fields
         self.amsgrad = "max_exp_avg_sq" in layout.fields
         self.shards = layout.shards_of(active)
         self.upload_event: Any = None  # the CUDA event of the last shard's parameter uploads
+        self.ready: Any = None  # a CUDA event: the gradients and parameters are final (set behind the loop)
 
     def step_counts(self) -> None:
         """Advance the step count of every parameter taking part (before any shard is updated)."""
@@ -210,41 +235,115 @@ class ShardUpdate:
             torch._foreach_add_([a.step for a in self.active.values()], 1)
 
     def __call__(self, shard: ShardSpec, flat: Tensor) -> None:
+        """Update shard ``shard`` whose extent (its stored bytes, as 32-bit words) is ``flat``."""
         self.upload_event = None
-        views = self.layout.field_views(flat, shard)
-        exp_avg, exp_avg_sq = views["exp_avg"], views["exp_avg_sq"]
-        max_sq = views.get("max_exp_avg_sq")
-        master = views.get("master")
+        layout = self.layout
+        master = layout.stored_fp32(flat, shard, "master") if self.master else None
         staging = self.staging(STAGE_FP32) if self.staging is not None else None
         work = [(seg, self.active[seg.param]) for seg in shard.segments if seg.param in self.active]
         if any(a.grad_cuda for _, a in work):
             self._stage_cuda_grads(work, staging)
+        if layout.encoded:
+            self._update_encoded(shard, flat, work, staging, master)
+        else:
+            moments = {f: v for f, v in layout.field_views(flat, shard).items() if f in MOMENT_FIELDS}
+            self._kernel(work, staging, master, moments, 0, shard.capacity)
+        crash_point("mid-update")
+        if master is not None:
+            # A compressed update gave CPU parameters their values chunk by chunk already.
+            self._write_params(work, master, cpu=not layout.encoded)
+
+    def _kernel(
+        self,
+        work: Sequence[tuple[Any, ActiveParam]],
+        staging: Tensor | None,
+        master: Tensor | None,
+        moments: Mapping[str, Tensor],
+        lo: int,
+        hi: int,
+        *,
+        params_out: bool = False,
+    ) -> None:
+        """The fused kernel on the pieces of ``work`` inside shard elements ``[lo, hi)``.
+
+        ``moments[field]`` holds the fp32 moments of elements ``[lo, hi)``
+        (the whole shard when ``lo == 0``). Gradients that need staging are
+        staged here, piece by piece. ``params_out``: CPU parameters then take
+        their pieces of the updated master (while it is in the cache).
+        """
         buckets: dict[int, tuple[list[Tensor], ...]] = {}
+        outs: list[tuple[Tensor, Tensor]] = []
         for seg, a in work:
-            grad = a.grad[seg.param_slice]
+            s0, s1 = max(seg.shard_offset, lo), min(seg.shard_offset + seg.length, hi)
+            if s0 >= s1:
+                continue
+            p0 = seg.param_offset + s0 - seg.shard_offset
+            p1 = p0 + s1 - s0
+            grad = a.grad[p0:p1]
             if a.staged:
                 if not a.grad_cuda:
-                    staging[seg.shard_slice].copy_(grad)
-                grad = staging[seg.shard_slice]
-            target = master[seg.shard_slice] if master is not None else a.param[seg.param_slice]
+                    staging[s0:s1].copy_(grad)
+                grad = staging[s0:s1]
+            target = master[s0:s1] if master is not None else a.param[p0:p1]
+            if params_out and master is not None and not a.cuda:
+                outs.append((a.param[p0:p1], target))
             bucket = buckets.setdefault(a.group, ([], [], [], [], [], []))
             bucket[0].append(target)
             bucket[1].append(grad)
-            bucket[2].append(exp_avg[seg.shard_slice])
-            bucket[3].append(exp_avg_sq[seg.shard_slice])
-            if max_sq is not None:
-                bucket[4].append(max_sq[seg.shard_slice])
+            bucket[2].append(moments["exp_avg"][s0 - lo : s1 - lo])
+            bucket[3].append(moments["exp_avg_sq"][s0 - lo : s1 - lo])
+            if "max_exp_avg_sq" in moments:
+                bucket[4].append(moments["max_exp_avg_sq"][s0 - lo : s1 - lo])
             bucket[5].append(a.step)
         for group, (ps, gs, ms, vs, maxs, steps) in buckets.items():
             hyper = self.hypers[group]
             adamw(ps, gs, ms, vs, maxs if hyper.amsgrad else [], steps, **hyper.kernel_kwargs())
-        crash_point("mid-update")
-        if master is not None:
-            self._write_params(work, master)
+        for param, value in outs:
+            param.copy_(value)
+
+    def _update_encoded(
+        self,
+        shard: ShardSpec,
+        extent: Tensor,
+        work: Sequence[tuple[Any, ActiveParam]],
+        staging: Tensor | None,
+        master: Tensor | None,
+    ) -> None:
+        """Decode -> fused kernel -> encode, chunk by chunk, on the workers (see the module docs)."""
+        layout, fmt = self.layout, self.layout.format
+        fields = [f for f in layout.fields if f in MOMENT_FIELDS]
+        stored = {f: codecs.split(fmt, layout.stored_field(extent, shard, f), shard.capacity) for f in fields}
+        chunk = update_chunk_numel(layout.max_capacity)
+        chunks = active_chunks(work, block=layout.param_align, chunk=chunk, capacity=shard.capacity)
+        scratch = self.scratch()
+        per_worker = chunk * (len(fields) + 1)
+        bn = fmt.block_numel or 1
+
+        def one(worker: int, span: tuple[int, int]) -> None:
+            lo, hi = span
+            n = hi - lo
+            base = worker * per_worker
+            temp = scratch[base + len(fields) * chunk : base + len(fields) * chunk + n]
+            moments = {f: scratch[base + k * chunk : base + k * chunk + n] for k, f in enumerate(fields)}
+            for f in fields:
+                codes, scales = stored[f]
+                blocks = None if scales is None else scales[lo // bn : -(-hi // bn)]
+                codecs.decode_chunk(fmt, f, codes[lo:hi], blocks, moments[f], temp=temp)
+            self._kernel(work, staging, master, moments, lo, hi, params_out=True)
+            for f in fields:
+                codes, scales = stored[f]
+                blocks = None if scales is None else scales[lo // bn : -(-hi // bn)]
+                codecs.encode_chunk(fmt, f, moments[f], codes[lo:hi], blocks, temp=moments[f])
+
+        # As many workers as the scratch has room for (Layout.scratch_nbytes sized it for self.workers).
+        run_each(chunks, one, threads=max(1, min(self.workers, scratch.numel() // per_worker)))
 
     def _stage_cuda_grads(self, work: list[tuple[Any, ActiveParam]], staging: Tensor) -> None:
         """Copy this shard's CUDA gradients to host staging (one sync per shard)."""
         raw = self.staging(STAGE_RAW).view(torch.uint8)
+        stream = torch.cuda.current_stream()
+        if self.ready is not None:
+            stream.wait_event(self.ready)  # on another thread: wait for the loop's backward
         pending = []
         for seg, a in work:
             if not a.grad_cuda:
@@ -258,22 +357,24 @@ class ShardUpdate:
                 dst = raw[s0 * size : s1 * size].view(src.dtype)
                 dst.copy_(src, non_blocking=True)
                 pending.append((dst, s0, s1))
-        torch.cuda.current_stream().synchronize()
+        stream.synchronize()
         for dst, s0, s1 in pending:
             staging[s0:s1].copy_(dst)
 
-    def _write_params(self, work: list[tuple[Any, ActiveParam]], master: Tensor) -> None:
-        """Give each parameter its updated master values, cast to its dtype."""
+    def _write_params(self, work: list[tuple[Any, ActiveParam]], master: Tensor, *, cpu: bool = True) -> None:
+        """Give each parameter its updated master values, cast to its dtype (``cpu=False``: CUDA ones only)."""
         cuda_work = []
         for seg, a in work:
             if a.cuda:
                 cuda_work.append((seg, a))
-            else:
+            elif cpu:
                 a.param[seg.param_slice].copy_(master[seg.shard_slice])
         if not cuda_work:
             return
         which = self.uploads.next()
         out = self.staging(STAGE_UPLOAD + which).view(torch.uint8)
+        if self.ready is not None and self.uploads.stream is not None:
+            self.uploads.stream.wait_event(self.ready)  # never overwrite a parameter queued work still reads
         with self.uploads.copying():
             for seg, a in cuda_work:
                 s0, s1 = seg.shard_offset, seg.shard_offset + seg.length
@@ -284,6 +385,34 @@ class ShardUpdate:
         self.upload_event = self.uploads.record(which)
 
 
+def active_chunks(
+    work: Sequence[tuple[Any, ActiveParam]], *, block: int, chunk: int, capacity: int
+) -> list[tuple[int, int]]:
+    """Shard element ranges a compressed update decodes, updates and encodes.
+
+    The parts of the shard the pieces in ``work`` occupy, each rounded up to
+    whole ``block``s (a parameter starts on a block boundary, so a block never
+    holds two parameters), merged where they touch, and cut into pieces of
+    at most ``chunk`` elements at multiples of ``chunk`` from each part's start.
+
+    Example
+    -------
+    >>> from tierstore.layout import Segment
+    >>> work = [(Segment(0, 0, 0, 300), None), (Segment(1, 0, 512, 10), None)]
+    >>> active_chunks(work, block=256, chunk=512, capacity=1024)
+    [(0, 512), (512, 768)]
+    """
+    spans: list[list[int]] = []
+    for seg, _ in sorted(work, key=lambda w: w[0].shard_offset):
+        lo = seg.shard_offset
+        hi = min(round_up(seg.shard_offset + seg.length, block), capacity)
+        if spans and lo <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], hi)
+        else:
+            spans.append([lo, hi])
+    return [(b, min(b + chunk, hi)) for lo, hi in spans for b in range(lo, hi, chunk)]
+
+
 def master_sync(
     layout: Layout, params: Sequence[Tensor], *, to_params: Callable[[int], bool]
 ) -> Callable[[ShardSpec, Tensor], None]:
@@ -292,6 +421,7 @@ def master_sync(
     For each parameter piece in the shard, ``to_params(param_index)`` true
     copies the master into the parameter (cast to its dtype); false seeds the
     master from the parameter. Does nothing when the layout keeps no masters.
+    Works on a shard's extent (the master is stored as fp32 in every format).
     """
     flat_params = {i: local_tensor(p).detach().view(-1) for i, p in enumerate(params) if p.requires_grad}
     has_master = "master" in layout.fields
@@ -299,7 +429,7 @@ def master_sync(
     def sync(shard: ShardSpec, flat: Tensor) -> None:
         if not has_master:
             return
-        master = layout.field_view(flat, shard, "master")
+        master = layout.stored_fp32(flat, shard, "master")
         for seg in shard.segments:
             param = flat_params[seg.param][seg.param_slice]
             piece = master[seg.shard_slice]

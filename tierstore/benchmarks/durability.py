@@ -27,7 +27,7 @@ Example
 >>> import argparse
 >>> parser = argparse.ArgumentParser(); add_arguments(parser)
 >>> parser.parse_args(["--params", "5e7"]).block
-4
+3
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ CONTENDERS = ("durable-auto", "durable-every-step", "not-durable", "no-state-dir
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``bench/durability.py``."""
     parser.add_argument("--params", default="5e7", help="fp32 parameters (default 5e7: 400 MB of state)")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (default 5)")
-    parser.add_argument("--block", type=int, default=4, help="iterations per contender per round (default 4)")
+    parser.add_argument("--rounds", type=int, default=10, help="timed rounds (default 10)")
+    parser.add_argument("--block", type=int, default=3, help="iterations per contender per round (default 3)")
     parser.add_argument(
         "--compute-share", type=float, default=1.2,
         help="the stand-in forward+backward takes this many times the state's write time (default 1.2)",
@@ -78,12 +78,15 @@ class ComputeStandIn:
             x = torch.tanh(x @ self.b)
 
     def calibrate(self, seconds: float) -> float:
-        """Pick ``reps`` so that :meth:`run` takes about ``seconds``; returns the measured time."""
-        self.reps = 4
-        t0 = time.perf_counter()
-        self.run()
-        per_rep = (time.perf_counter() - t0) / self.reps
-        self.reps = max(1, round(seconds / per_rep))
+        """Pick ``reps`` so that :meth:`run` takes about ``seconds``; returns the measured time (median of 3)."""
+        self.reps = 8
+        self.run()  # warm up: thread pools, allocations
+        for _ in range(2):  # refine: the per-product time settles once the pool is warm
+            per_rep = statistics.median(self._time() for _ in range(3)) / self.reps
+            self.reps = max(1, round(seconds / per_rep))
+        return statistics.median(self._time() for _ in range(3))
+
+    def _time(self) -> float:
         t0 = time.perf_counter()
         self.run()
         return time.perf_counter() - t0
@@ -130,12 +133,14 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         compute_s = compute.calibrate(args.compute_share * write_s)
         opts = {name: _optimizer(name, params, root) for name in CONTENDERS}
         times: dict[str, list[float]] = {n: [] for n in CONTENDERS}
+        per_round: list[dict[str, float]] = []  # each round's median per contender, for paired ratios
         lags: dict[str, list[int]] = {n: [] for n in CONTENDERS}
         drive: dict[str, list[int]] = {n: [] for n in CONTENDERS}
         committed: dict[str, int] = dict.fromkeys(CONTENDERS, 0)
         steps: dict[str, int] = dict.fromkeys(CONTENDERS, 0)
         for r in range(args.rounds + 1):  # the first round warms up
             order = CONTENDERS[r % len(CONTENDERS) :] + CONTENDERS[: r % len(CONTENDERS)]
+            this_round: dict[str, list[float]] = {n: [] for n in CONTENDERS}
             for name in order:
                 opt = opts[name]
                 for k in range(args.block):
@@ -146,6 +151,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                     if r == 0 or k == 0:
                         continue
                     times[name].append(elapsed)
+                    this_round[name].append(elapsed)
                     stats = getattr(opt, "last_step_stats", None)
                     if stats is not None:
                         steps[name] += 1
@@ -153,6 +159,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                         drive[name].append(stats.drive_bytes)
                         if opt.committed_step is not None:
                             lags[name].append(opt.step_count - opt.committed_step)
+            if r > 0:
+                per_round.append({n: median(v) for n, v in this_round.items()})
         for opt in opts.values():
             if hasattr(opt, "close"):
                 opt.close()
@@ -164,7 +172,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for name in CONTENDERS:
         t = median(times[name])
-        row = {"contender": name, "iteration_s": t, "vs_not_durable": t / base}
+        paired = median([rnd[name] / rnd["not-durable"] for rnd in per_round])
+        row = {"contender": name, "iteration_s": t, "vs_not_durable": t / base, "vs_not_durable_paired": paired}
         if steps[name]:
             row["commits_per_step"] = committed[name] / steps[name]
             row["drive_bytes_per_step"] = statistics.mean(drive[name]) if drive[name] else 0
@@ -187,6 +196,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "iterations": times,
         "summary": {
             "durable_auto_vs_not_durable": median(times["durable-auto"]) / base,
+            "durable_auto_vs_not_durable_paired": rows[0]["vs_not_durable_paired"],
             "durable_every_step_vs_not_durable": median(times["durable-every-step"]) / base,
             "every_step_lag_max": max(lags["durable-every-step"], default=None),
             "auto_drive_bytes_per_step": rows[0].get("drive_bytes_per_step"),
@@ -214,6 +224,7 @@ def render(result: dict[str, Any]) -> str:
             ("contender", "contender", "{}"),
             ("iteration_s", "iteration s", "{:.3f}"),
             ("vs_not_durable", "vs not-durable", "{:.3f}x"),
+            ("vs_not_durable_paired", "paired", "{:.3f}x"),
             ("commits_per_step", "commits/step", "{:.2f}"),
             ("drive", "drive bytes/step", "{}"),
             ("lag_mean", "lag mean", "{:.2f}"),

@@ -74,6 +74,7 @@ def measure(config: dict[str, Any]) -> dict[str, Any]:
         request_bytes=config.get("request_bytes", 8 << 20),
         keep_master=config.get("keep_master"),
         durable=bool(config.get("durable", False)),
+        moment_dtype=config.get("moment_dtype", "float32"),
     )
     try:
         construct_peak = rss.peak_rss()

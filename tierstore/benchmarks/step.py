@@ -8,7 +8,10 @@ order; medians over rounds are reported):
 - ``torch-fused``: ``torch.optim.AdamW(fused=True)`` (both skipped when their
   state does not fit in the available RAM);
 - ``tierstore-disk``: TieredAdamW under ``--ram-budget`` with its state file
-  under ``--dir`` (one per ``--backend``);
+  under ``--dir`` (one per ``--backend``, and per ``--moment-dtype``: a list
+  such as ``float32,bfloat16,int8`` runs each format side by side, every one
+  under the same budget, and reports each one's step time over float32's,
+  paired round by round);
 - ``peer-pipelined-swap``: DeepSpeed ZeRO-Infinity's pipelined optimizer
   swapping re-created on the same drive (:mod:`.peer`);
 - ``floor-serial``/``floor-stream``: the same on-disk bytes read and written
@@ -48,6 +51,8 @@ import torch
 
 from ..backends import resolve_backend, supports_direct_io
 from ..errors import ConfigError
+from ..knobs import Knobs
+from ..layout import layout_format
 from ..sizes import format_size, parse_size
 from . import resources, rss, workload
 from .floor import MODES, RawFloor
@@ -72,10 +77,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
     parser.add_argument("--backend", default="auto", help="disk backend(s), e.g. 'auto' or 'direct,mmap'")
     parser.add_argument("--shard-numel", type=float, default=None, help="elements per shard (default: TieredAdamW's)")
-    parser.add_argument("--prefetch-depth", type=int, default=2)
-    parser.add_argument("--io-workers", type=int, default=4)
-    parser.add_argument("--request-bytes", default="8MiB")
+    knobs = Knobs()  # TieredAdamW's own defaults
+    parser.add_argument("--prefetch-depth", type=int, default=knobs.prefetch_depth)
+    parser.add_argument("--io-workers", type=int, default=knobs.io_workers)
+    parser.add_argument("--request-bytes", default=format_size(knobs.request_bytes).replace(" ", ""))
     parser.add_argument("--keep-master", action="store_true", help="keep an fp32 master copy (12 B/param)")
+    parser.add_argument(
+        "--moment-dtype", default="float32",
+        help="disk run(s) per moment format: float32 (default), bfloat16, int8, or a list such as float32,bfloat16,int8 "
+        "(the budget stays the one --ram-budget gives for float32)",
+    )
     parser.add_argument(
         "--durable", choices=("off", "on", "both"), default="off",
         help="disk run(s) with durable=False (default), durable=True (a committed copy per step), or both",
@@ -149,6 +160,11 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     backends = [b.strip() for b in args.backend.split(",") if b.strip()]
     backends = [resolve_backend(b, directory) for b in backends]
     request_bytes = parse_size(args.request_bytes, name="--request-bytes")
+    formats = [f.strip() for f in str(args.moment_dtype).split(",") if f.strip()]
+    for name in formats:
+        layout_format(name)  # an unknown name fails here, naming the known ones
+    if not formats or len(set(formats)) != len(formats):
+        raise ConfigError(f"--moment-dtype {args.moment_dtype!r}: list each format once, e.g. float32,bfloat16,int8")
     return {
         "params": params,
         "state_bytes_estimate": state,
@@ -162,6 +178,7 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
         "io_workers": args.io_workers,
         "request_bytes": request_bytes,
         "keep_master": bool(args.keep_master),
+        "moment_dtypes": formats,
         "durable": {"off": [False], "on": [True], "both": [False, True]}[args.durable],
         "floor_settings": _parse_floor(args.floor_settings),
         "peer_block_bytes": parse_size(args.peer_block, name="--peer-block"),
@@ -218,12 +235,13 @@ def _available_ram() -> int:
         return 1 << 62
 
 
-def _footprint(cfg: dict[str, Any], folder: Path, backend: str, durable: bool) -> dict[str, Any]:
+def _footprint(cfg: dict[str, Any], folder: Path, backend: str, durable: bool, fmt: str = "float32") -> dict[str, Any]:
     """Run the disk contender alone in a child process for its own peak RSS."""
     child = {
         "params": cfg["params"],
         "ram_budget": cfg["ram_budget"],
-        "dir": str(folder / f"footprint-{backend}-{durable}"),
+        "moment_dtype": fmt,
+        "dir": str(folder / f"footprint-{backend}-{durable}-{fmt}"),
         "durable": durable,
         "steps": cfg["steps"],
         "backend": backend,
@@ -244,13 +262,20 @@ def _footprint(cfg: dict[str, Any], folder: Path, backend: str, durable: bool) -
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _disk_name(backend: str, durable: bool, cfg: dict[str, Any]) -> str:
+def _disk_name(backend: str, durable: bool, cfg: dict[str, Any], fmt: str = "float32") -> str:
     name = "tierstore-disk"
     if len(cfg["backends"]) > 1:
         name += f"-{backend}"
     if durable:
         name += "-durable"
+    if fmt != "float32":
+        name += f"-{fmt}"
     return name
+
+
+def _disk_runs(cfg: dict[str, Any]) -> list[tuple[str, bool, str]]:
+    """(backend, durable, moment_dtype) of every disk contender."""
+    return [(b, d, f) for b in cfg["backends"] for d in cfg["durable"] for f in cfg.get("moment_dtypes", ["float32"])]
 
 
 def _build(cfg: dict[str, Any], params: list[torch.Tensor], folder: Path, notes: list[str]) -> list[Any]:
@@ -273,11 +298,10 @@ def _build(cfg: dict[str, Any], params: list[torch.Tensor], folder: Path, notes:
             notes.append("torch-fused skipped: its state does not fit in the available RAM")
     disk = []
     if "disk" not in skip:
-        for backend in cfg["backends"]:
-            for durable in cfg["durable"]:
-                name = _disk_name(backend, durable, cfg)
-                disk.append(_Tiered(name, params, ram_budget=cfg["ram_budget"], backend=backend, durable=durable,
-                                    state_dir=str(folder / f"state-{backend}-{durable}"), **knobs))
+        for backend, durable, fmt in _disk_runs(cfg):
+            name = _disk_name(backend, durable, cfg, fmt)
+            disk.append(_Tiered(name, params, ram_budget=cfg["ram_budget"], backend=backend, durable=durable,
+                                moment_dtype=fmt, state_dir=str(folder / f"state-{backend}-{durable}-{fmt}"), **knobs))
         contenders += disk
     reference = disk[0].opt if disk else None
     probe = None
@@ -415,6 +439,18 @@ def summarize(
             info["peer_over_ours"] = peer["median_s"] / step
         disk[name] = info
     summary["disk"] = disk
+    formats = {}
+    for name, info in disk.items():  # each compressed run against the float32 run of its backend and durability
+        base = name
+        for fmt in ("-bfloat16", "-int8"):
+            base = base.removesuffix(fmt)
+        if base != name and base in per:
+            pairs = zip(per[name]["steps_s"], per[base]["steps_s"])
+            info["vs_float32_paired"] = median([a / b for a, b in pairs])
+            info["vs_float32"] = per[name]["median_s"] / per[base]["median_s"]
+            formats[name] = info["vs_float32_paired"]
+    if formats:
+        summary["moment_dtype_vs_float32_paired"] = formats
     if disk:
         first = next(iter(disk.values()))
         for key in ("overlap_efficiency", "over_floor", "peer_over_ours", "update_hidden_fraction"):
@@ -466,6 +502,8 @@ def render(result: dict[str, Any], footprints: dict[str, Any], notes: list[str])
             parts.append(f"update hidden {d['update_hidden_fraction']:.0%}")
         if "peer_over_ours" in d:
             parts.append(f"peer / ours {d['peer_over_ours']:.2f}x")
+        if "vs_float32_paired" in d:
+            parts.append(f"{d['vs_float32_paired']:.2f}x float32's step (paired)")
         lines.append(", ".join(parts))
         if "split_s" in d:
             lines.append("  split: " + ", ".join(f"{k} {v:.3f} s" for k, v in d["split_s"].items())
@@ -478,7 +516,7 @@ def render(result: dict[str, Any], footprints: dict[str, Any], notes: list[str])
         limit = f["ram_budget"] + 64 * MiB
         verdict = "" if over is None else (" (within budget + 64 MiB)" if over <= limit else " (ABOVE budget + 64 MiB)")
         lines.append(
-            f"footprint ({f.get('backend')}, alone): peak RSS {format_size(over or 0)} above baseline "
+            f"footprint ({backend}: {f.get('backend')}, alone): peak RSS {format_size(over or 0)} above baseline "
             f"{format_size(f.get('baseline_rss_bytes') or 0)}, budget {format_size(f['ram_budget'])}{verdict}; "
             f"state {f['state_bytes'] / max(1, f['ram_budget']):.1f}x the budget; state file in page cache "
             f"{format_size(f.get('state_file_cached_bytes') or 0)}, system page cache "
@@ -523,8 +561,9 @@ def plot(result: dict[str, Any], path: Path | str, *, title: str) -> Path:
 def needs(cfg: dict[str, Any]) -> resources.Needs:
     """The RAM and free disk this configuration needs at least (all-in-RAM contenders size themselves)."""
     skip = set(cfg["skip"])
-    disk_runs = 0 if "disk" in skip else len(cfg["backends"]) * len(cfg["durable"])
-    durable_runs = 0 if "disk" in skip else len(cfg["backends"]) * sum(cfg["durable"])
+    runs = _disk_runs(cfg)
+    disk_runs = 0 if "disk" in skip else len(runs)  # (compressed runs need less: an upper bound)
+    durable_runs = 0 if "disk" in skip else sum(durable for _, durable, _ in runs)
     return resources.step_needs(
         params=cfg["params"],
         fields=len(workload.state_fields(keep_master=cfg["keep_master"])),
@@ -550,9 +589,8 @@ def run(args: argparse.Namespace) -> int:
     contenders: list[Any] = []
     try:
         if "footprint" not in cfg["skip"] and "disk" not in cfg["skip"]:
-            for backend in cfg["backends"]:
-                for durable in cfg["durable"]:
-                    footprints[_disk_name(backend, durable, cfg)] = _footprint(cfg, folder, backend, durable)
+            for backend, durable, fmt in _disk_runs(cfg):
+                footprints[_disk_name(backend, durable, cfg, fmt)] = _footprint(cfg, folder, backend, durable, fmt)
         cached_before = rss.meminfo("Cached")
         params = workload.build(cfg["params"])
         gc.collect()

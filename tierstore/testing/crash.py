@@ -19,7 +19,9 @@ and ``step k``; then ``export``, ``close``, ``done``), so every
 :class:`ChildResult` says where the kill landed; :func:`killed_state_problems`
 checks what the directory holds against it. :func:`reference` and
 :func:`trajectory` compute the uninterrupted result with
-``torch.optim.AdamW(fused=True)``; a crash-and-resume run must equal it bitwise.
+``torch.optim.AdamW(fused=True)`` (a job with a compressed ``moment_dtype``
+in ``extra``: with its oracle, :class:`~tierstore.testing.formats.FormatOracle`);
+a crash-and-resume run must equal it bitwise.
 
 Children start from a fork server that has already imported torch, so a
 kill-and-resume round costs a fraction of a second.
@@ -119,7 +121,7 @@ def trajectory(job: CrashJob) -> list[Snapshot]:
 
     Cached per run identity (many crash tests share one); treat it as read-only.
     """
-    key = (job.steps, job.shapes, job.seed, job.lr, job.weight_decay, job.amsgrad, job.skip_every)
+    key = (job.steps, job.shapes, job.seed, job.lr, job.weight_decay, job.amsgrad, job.skip_every, moment_dtype(job))
     if key not in _trajectories:
         if len(_trajectories) >= 16:  # a few MiB each at most: keep the recent ones
             _trajectories.pop(next(iter(_trajectories)))
@@ -127,9 +129,20 @@ def trajectory(job: CrashJob) -> list[Snapshot]:
     return _trajectories[key]
 
 
+def moment_dtype(job: CrashJob) -> str:
+    """The job's moment format (``extra["moment_dtype"]``, float32 by default)."""
+    return str(job.extra.get("moment_dtype", "float32"))
+
+
 def _trajectory(job: CrashJob) -> list[Snapshot]:
     params = initial_params(job)
-    opt = torch.optim.AdamW(params, lr=job.lr, weight_decay=job.weight_decay, amsgrad=job.amsgrad, fused=True)
+    if moment_dtype(job) == "float32":
+        opt = torch.optim.AdamW(params, lr=job.lr, weight_decay=job.weight_decay, amsgrad=job.amsgrad, fused=True)
+    else:  # the format's oracle: decode -> fused AdamW -> encode, per tensor
+        from .formats import FormatOracle
+
+        opt = FormatOracle(params, lr=job.lr, weight_decay=job.weight_decay, amsgrad=job.amsgrad,
+                           moment_dtype=moment_dtype(job))
 
     def snap() -> Snapshot:
         sd = opt.state_dict()

@@ -304,6 +304,7 @@ class DistJob:
     amsgrad: bool = False
     wrap: str = "fsdp2"  # "fsdp2", "zero" (DDP + ZeroRedundancyOptimizer) or "none"
     commit_every: object = 1  # every step, so the kills land in commits ("auto" spaces them in a tight loop)
+    attach: bool = False  # run each step behind the loop (TieredAdamW.attach on the wrapped model)
     optimizer: str = "tiered"  # "tiered" or "torch" (AdamW(fused=True))
     ram_budget: str | None = "64KiB"  # 10 of each rank's 11 shards on disk (with masters)
     shard_numel: int = 1024
@@ -469,6 +470,8 @@ def train_rank(rank: int, world_size: int, job: DistJob, tag: str) -> None:
     else:
         trained = model
     opt = _make_optimizer(job, params)
+    if job.attach:
+        _local_optimizer(opt).attach(trained)
     resumed_at = _steps_done(opt)
     if job.load:
         _load_dcp(job, trained, opt)

@@ -183,8 +183,11 @@ class MemoryProbe:
     -------
     >>> probe = MemoryProbe()
     >>> _ = probe.baseline()
+    >>> import mmap
     >>> with probe.phase("allocate"):
-    ...     block = bytearray(8 << 20)  # 8 MiB, touched
+    ...     block = mmap.mmap(-1, 8 << 20)  # 8 MiB of fresh pages (malloc might reuse resident ones)
+    ...     block.write(b"x" * len(block))  # touched: now resident
+    8388608
     >>> probe.phases[0].peak_growth >= 7 << 20
     True
     """

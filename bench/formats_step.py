@@ -1,0 +1,173 @@
+"""Streamed step time per moment format, side by side in one run (issue 10's targets).
+
+One ``TieredAdamW`` per ``moment_dtype`` over copies of the same fp32
+parameters (``keep_master=True``: 12 B/param in float32), every one with the
+same ``ram_budget`` (by default 1/8 of the float32 state) and its state files
+under ``--dir``. Rounds alternate the optimizers in a rotating order, so every
+round's times saw the same drive and CPU weather; the paired ratio (format /
+float32, per round, median) is what the targets compare:
+
+- ``bfloat16`` <= 0.72x and ``int8`` <= 0.60x the ``float32`` step time;
+- at the same budget, how many more shards (and parameters) stay resident.
+
+The load average is sampled before every round and reported (the dev machine
+is shared). Needs 4 B/param of gradients plus, per format, 4 B/param of
+parameters and its budget of RAM, and its state files on disk (checked before
+anything is allocated).
+
+Usage::
+
+    python bench/formats_step.py --params 2e8 --dir /mnt/nvme/scratch --rounds 7 \\
+        --json bench/results/formats-step-2e8.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from tierstore import TieredAdamW
+from tierstore.benchmarks.report import machine_info
+from tierstore.benchmarks.resources import Needs, check
+from tierstore.benchmarks.workload import build
+from tierstore.budget import plan_tiers
+from tierstore.errors import ConfigError
+from tierstore.layout import Layout
+from tierstore.spec import decide
+
+FORMATS = ("float32", "bfloat16", "int8")
+
+
+def _resident_at(numel: int, fmt: str, *, budget: int, shard_numel: int, keep_master: bool) -> dict:
+    """Resident shards and parameters of ``fmt`` at a fixed shard size (pure arithmetic, meta tensors)."""
+    spec = decide(numel=numel, dtypes=[torch.float32], cuda=False, amsgrad=False, keep_master=keep_master,
+                  arena_slots=4, ram_budget=budget, shard_numel=shard_numel, moment_dtype=fmt,
+                  workers=len(os.sched_getaffinity(0)))
+    meta = [torch.empty(n, device="meta", requires_grad=True) for n in _sizes(numel)]
+    layout = Layout.build([meta], shard_numel=spec.shard_numel, fields=spec.fields, moment_dtype=fmt)
+    plan = plan_tiers(layout, ram_budget=budget, arena_slots=spec.arena_slots, workers=spec.workers)
+    return {"shard_numel": layout.shard_numel, "shards": len(layout.shards), "resident_shards": len(plan.resident),
+            "resident_params": sum(layout.shards[i].capacity for i in plan.resident),
+            "slot_bytes": plan.slot_nbytes, "scratch_bytes": plan.scratch_nbytes}
+
+
+def _sizes(numel: int) -> list[int]:
+    from tierstore.benchmarks.workload import param_sizes
+
+    return param_sizes(numel)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=float, required=True, help="fp32 parameters, e.g. 2e8")
+    parser.add_argument("--dir", required=True, help="a directory on the drive under test")
+    parser.add_argument("--budget", type=float, default=1 / 8, help="ram_budget as a share of the float32 state")
+    parser.add_argument("--formats", default=",".join(FORMATS),
+                        help="moment_dtype values, the first is the baseline; NAME:N runs NAME with update_threads=N")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--no-master", action="store_true", help="keep_master=False (8 B/param in float32)")
+    parser.add_argument("--durable", action="store_true", help="durable=True (a commit per step)")
+    parser.add_argument("--shard-numel", type=float, default=None, help="fixed shard size (default: each format's automatic one)")
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--update-threads", type=int, default=None, help="TieredAdamW's update_threads (default: its own)")
+    parser.add_argument("--json", type=Path, help="write the results here (nothing is written without it)")
+    args = parser.parse_args(argv)
+    numel = int(args.params)
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    keep_master = not args.no_master
+    fp32_state = numel * (12 if keep_master else 8)
+    budget = int(fp32_state * args.budget)
+    shard_numel = None if args.shard_numel is None else int(args.shard_numel)
+    disk = sum(int(numel * (4 * keep_master + 2 * {"float32": 4, "bfloat16": 2, "int8": 1.0157}[f.partition(":")[0]]))
+               for f in formats)
+    needs = Needs(f"formats_step.py --params {args.params:g}", ram=numel * 4 + len(formats) * (numel * 4 + budget), disk=disk * (2 if args.durable else 1) + (64 << 20))
+    try:
+        check(needs, args.dir, fix="lower --params, or compare fewer formats per run")
+    except ConfigError as exc:
+        raise SystemExit(f"formats_step.py: {exc}") from None
+    params = build(numel)
+    runs = []
+    loads = []
+    try:
+        for entry in formats:
+            fmt, _, threads = entry.partition(":")
+            copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
+            for p, q in zip(params, copies):
+                q.grad = p.grad
+            run = {"moment_dtype": entry, "opt": None, "dir": tempfile.mkdtemp(dir=args.dir), "s": [], "split": []}
+            runs.append(run)  # registered first, so its directory is removed on any error
+            run["opt"] = TieredAdamW(copies, state_dir=run["dir"], ram_budget=budget, backend=args.backend,
+                                     keep_master=keep_master, moment_dtype=fmt, durable=args.durable,
+                                     shard_numel=shard_numel, update_threads=int(threads) if threads else args.update_threads)
+            run["opt"].step()  # warm-up
+            print(f"{fmt}: {run['opt'].describe()}", flush=True)
+        for r in range(args.rounds):
+            loads.append(os.getloadavg()[0])
+            order = runs[r % len(runs):] + runs[: r % len(runs)]
+            for run in order:
+                t0 = time.perf_counter()
+                run["opt"].step()
+                run["s"].append(time.perf_counter() - t0)
+                st = run["opt"].last_step_stats
+                run["split"].append({"read_wait": st.read_wait, "update": st.update, "write_wait": st.write_wait,
+                                     "bytes_read": st.bytes_read, "bytes_written": st.bytes_written})
+            print(f"round {r}: load {loads[-1]:.2f}; " + ", ".join(f"{run['moment_dtype']} {run['s'][-1]:.3f} s" for run in runs), flush=True)
+        base = runs[0]["s"]
+        results = []
+        for run in runs:
+            opt = run["opt"]
+            plan = opt.plan
+            results.append({
+                "moment_dtype": run["moment_dtype"],
+                "median_s": statistics.median(run["s"]),
+                "min_s": min(run["s"]),
+                "paired_vs_first": statistics.median(a / b for a, b in zip(run["s"], base)),
+                "steps_s": run["s"],
+                "split_median_s": {k: statistics.median(x[k] for x in run["split"]) for k in ("read_wait", "update", "write_wait")},
+                "bytes_read": run["split"][-1]["bytes_read"], "bytes_written": run["split"][-1]["bytes_written"],
+                "state_bytes": plan.state_nbytes, "bytes_per_param": opt.layout.bytes_per_element,
+                "shard_numel": opt.layout.shard_numel, "shards": len(opt.layout.shards),
+                "resident_shards": len(plan.resident),
+                "resident_params": sum(opt.layout.shards[i].capacity for i in plan.resident),
+                "arena_bytes": plan.arena_nbytes, "scratch_bytes": plan.scratch_nbytes, "ram_bytes": plan.ram_nbytes,
+                "describe": opt.describe(),
+            })
+    finally:
+        for run in runs:
+            if run["opt"] is not None:
+                run["opt"].close()
+            shutil.rmtree(run["dir"], ignore_errors=True)
+    same_shard = results[0]["shard_numel"]
+    for row in results:
+        row["at_baseline_shard_numel"] = _resident_at(numel, row["moment_dtype"].partition(":")[0], budget=budget,
+                                                      shard_numel=same_shard, keep_master=keep_master)
+    print(f"\n{numel:.3g} params, keep_master={keep_master}, ram_budget {budget / 2**20:.1f} MiB "
+          f"(1/{1 / args.budget:g} of the float32 state), load average {min(loads):.2f}..{max(loads):.2f}")
+    for row in results:
+        same = row["at_baseline_shard_numel"]
+        print(f"  {row['moment_dtype']:9s} median {row['median_s']:.3f} s  paired {row['paired_vs_first']:.3f}x  "
+              f"{row['bytes_per_param']:.2f} B/param  resident {row['resident_shards']}/{row['shards']} shards of "
+              f"{row['shard_numel']:,} ({row['resident_params']:,} params); at shard_numel={same_shard:,}: "
+              f"{same['resident_shards']}/{same['shards']}  split {row['split_median_s']}")
+    if args.json:
+        document = {"tool": "bench/formats_step.py", "argv": sys.argv, "params": numel, "keep_master": keep_master,
+                    "update_threads": args.update_threads,
+                    "ram_budget": budget, "budget_share_of_float32_state": args.budget, "durable": args.durable,
+                    "load_average_per_round": loads, "machine": machine_info(args.dir), "results": results}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(document, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
