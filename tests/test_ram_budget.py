@@ -28,6 +28,7 @@ MiB = 1 << 20
 BUDGET = 8 * MiB
 FP32_PARAMS = 10_500_000  # 80 MiB of fp32 moments: 10x the budget
 BF16_PARAMS = 7_000_000  # 80 MiB of fp32 masters and moments
+COMPRESSED_PARAMS = {"bfloat16": 21_000_000, "int8": 42_000_000}  # 80 MiB of bf16 / int8 moments (no masters)
 DIRECT_CACHE_SLACK = 1 * MiB  # page cache the direct backend's state files may hold (none expected)
 RETAINED_SLACK = 1 * MiB  # RSS a finished phase may leave behind (Python objects, library pages)
 CHUNK_SCRATCH_SLACK = 2 * MiB  # RSS a checkpoint phase may add while it runs: a 1 MiB scratch buffer and objects
@@ -99,6 +100,22 @@ def test_bf16_params_with_fp32_masters_stay_within_budget():
     assert report.info["state_bytes"] >= 12 * BF16_PARAMS  # fp32 masters and two moments
     assert_within_budget(report)
     assert_no_page_cache(report)
+
+
+@child
+@pytest.mark.parametrize(("moment_dtype", "params"), [("bfloat16", COMPRESSED_PARAMS["bfloat16"]), ("int8", COMPRESSED_PARAMS["int8"])])
+def test_compressed_moments_stay_within_budget(moment_dtype, params):
+    # The decode scratch and the codec workers' temporaries are inside the budget too.
+    report = measured("steps", moment_dtype=moment_dtype, params=params, durable=True, steps=2)
+    assert_within_budget(report)
+    assert_no_page_cache(report)
+
+
+@child
+@pytest.mark.parametrize("moment_dtype", ["bfloat16", "int8"])
+def test_zarr_checkpoint_of_compressed_moments_stays_within_budget(moment_dtype):
+    report = measured("checkpoint", moment_dtype=moment_dtype, params=COMPRESSED_PARAMS[moment_dtype], durable=True, steps=1)
+    assert_within_budget(report)
 
 
 @child

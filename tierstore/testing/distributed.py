@@ -314,6 +314,7 @@ class DistJob:
     load: bool = False  # ...or start by loading the one in dcp_dir
     dcp_dir: str = ""
     single_file_per_rank: bool = False
+    forward_seconds: float = 0.0  # a forward/backward stand-in: lets each step's background commit land
 
 
 def build_model(job: DistJob) -> torch.nn.Module:
@@ -479,6 +480,8 @@ def train_rank(rank: int, world_size: int, job: DistJob, tag: str) -> None:
     _report_completed(_committed(opt))
     for step in range(first, job.steps):
         enter(f"forward {step}")
+        if job.forward_seconds:
+            time.sleep(job.forward_seconds)
         _loss(trained, job, step).backward()
         enter(f"step {step}")
         opt.step()

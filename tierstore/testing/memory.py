@@ -353,6 +353,7 @@ def _optimizer(params: list, config: dict[str, Any]) -> Any:
         request_bytes=int(config.get("request_bytes", 1 << 20)),
         prefetch_depth=int(config.get("prefetch_depth", 2)),
         pin_memory=config.get("pin_memory"),
+        moment_dtype=config.get("moment_dtype", "float32"),
     )
 
 
