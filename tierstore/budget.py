@@ -106,7 +106,7 @@ def plan_tiers(
         return TierPlan(everything, (), 0, layout.slot_nbytes, staging, state, state, ram_budget, scratch)
     arena = arena_slots * layout.slot_nbytes
     if arena + staging + scratch > ram_budget:
-        need = arena + staging + scratch
+        need = min(arena, state) + staging + scratch  # a state smaller than the arena fits whole
         raise BudgetError(
             f"ram_budget={format_size(ram_budget)} ({ram_budget} bytes) cannot hold the streaming "
             f"arena: {arena_slots} slots x {format_size(layout.slot_nbytes)}"

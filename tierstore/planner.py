@@ -720,8 +720,14 @@ def _signed_size(nbytes: int) -> str:
 
 
 def _tiers(layout: Layout, ram_budget: int, arena_slots: int, staging_buffers: int, workers: int) -> tuple[TierPlan, int]:
-    """The tier split at ``ram_budget``, or at the minimum budget when that one cannot stream; and the minimum."""
-    min_budget = arena_slots * layout.slot_nbytes + staging_nbytes(layout, staging_buffers) + layout.scratch_nbytes(workers)
+    """The tier split at ``ram_budget``, or at the minimum budget when that one cannot stream; and the minimum.
+
+    The minimum is the smaller of what streaming needs (arena, staging, decode
+    scratch) and what holding the whole state needs (a small state fits a
+    budget below the streaming arena).
+    """
+    extra = staging_nbytes(layout, staging_buffers) + layout.scratch_nbytes(workers)
+    min_budget = min(arena_slots * layout.slot_nbytes, layout.state_nbytes) + extra
     kw = dict(arena_slots=arena_slots, staging_buffers=staging_buffers, workers=workers)
     if ram_budget > 0:
         try:
