@@ -444,7 +444,8 @@ def killed_state_problems(job: CrashJob, result: ChildResult, *, before: int | N
     commit finished in the background before the kill: the next one (a
     commit runs behind each step), or the one after when the kill landed
     inside a step or construction (that step's own commit may have finished
-    before it returned). A child that died before it saw any commit leaves
+    before it returned), or, killed in close, the final step (close commits
+    it). A child that died before it saw any commit leaves
     what the directory held ``before`` it started (``None``: it was empty,
     so nothing, or step 0). Every committed checksum must verify.
     """
@@ -458,6 +459,8 @@ def killed_state_problems(job: CrashJob, result: ChildResult, *, before: int | N
         allowed = {result.completed, result.completed + 1, result.completed + 2}
     else:  # between steps, exporting or closing: the last step's commit may still land
         allowed = {result.completed, result.completed + 1}
+        if phase == "close":  # close waits for that commit, then commits the final step
+            allowed.add(job.steps)
     if not manifest.exists():
         return [] if None in allowed else [f"no manifest after a kill in {phase!r}; expected step {sorted(allowed)}"]
     with StateReader(job.state_dir) as reader:
