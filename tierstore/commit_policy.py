@@ -6,12 +6,18 @@ manifest; resident shards cost a write of their bytes. Commits run in the
 background while the training loop computes the next forward and backward,
 so the question is how often to start one:
 
-- ``"auto"`` (the default): at every step's end at which the previous commit
-  has finished, as long as committing does not stall the loop: when the last
-  commit took longer than the loop's time between steps (the next step had
-  to wait for resident shards still being written), commits are spaced out so
-  that such waits cost at most :data:`STALL_SHARE` of the loop's time. Never
-  less often than every :data:`DEFAULT_MAX_INTERVAL` seconds.
+- ``"auto"`` (the default): as often as committing does not slow the loop
+  by more than :data:`STALL_SHARE`, measured: the loop's iterations (forward,
+  backward and step) while a commit runs are compared with iterations
+  without one, which shows both waits for resident shards still being
+  written and the CPU and memory bandwidth a commit takes from the loop
+  (checksums, copies, the drive's interrupts: on a machine with few cores
+  that is most of the cost). The first commit starts at the first step's
+  end; the step after it runs without one, to measure the loop alone; then
+  commits are spaced ``ceil(cost / (STALL_SHARE x iteration))`` steps apart
+  (every step when cheap; one iteration in :data:`REPROBE_STEPS` runs
+  without a commit to measure again). Never less often than every
+  :data:`DEFAULT_MAX_INTERVAL` seconds.
 - ``N`` (an int): every N-th step. A commit that falls due while the
   previous one is still in flight starts at the first step's end after it
   finished: ``committed_step`` then lags ``step_count``; nothing waits.
@@ -33,13 +39,18 @@ from __future__ import annotations
 import datetime
 import math
 import re
-from dataclasses import dataclass
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
 
 DEFAULT_MAX_INTERVAL = 300.0  # seconds: "auto" never leaves the recovery point further behind
-STALL_SHARE = 0.05  # "auto" spaces commits so that waiting for them costs at most this share of the loop
+STALL_SHARE = 0.03  # "auto" spaces commits so they slow the loop by about this share (noise stays under 5%)
+REPROBE_STEPS = 64  # committing every step, "auto" measures the loop alone again this often
+SAMPLES = 5  # iterations of each kind (with a commit running, without) the cost is the median of
+PAUSE = 4.0  # an iteration this many times the typical one is a pause (eval, a checkpoint), not a sample
 _UNITS = {"s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(s|sec|min|m|h)\s*$")
 
@@ -107,6 +118,47 @@ class CommitClock:
     last_stall: float = 0.0  # how long the step after the last commit waited for it (measured)
     gap: float = 0.0  # between a step's end and the next step's start: the loop's forward/backward
     step_seconds: float = 0.0  # the last step's own duration
+    quiet: deque = field(default_factory=lambda: deque(maxlen=SAMPLES))  # iterations without a commit running
+    busy: deque = field(default_factory=lambda: deque(maxlen=SAMPLES))  # iterations with one running
+    commit_running: bool = False  # a commit ran at the last step's end (it overlaps the next iteration)
+    busy_since_start: int = 0  # busy iterations since the last commit started
+    busy_per_commit: int = 1  # how many iterations the last finished commit overlapped
+    last_quiet_step: int = 0
+    pauses: int = 0  # iterations in a row set aside as pauses
+
+    def record(self, *, step: int, gap: float, step_seconds: float, stall: float) -> None:
+        """A step ended: note the loop's rhythm and whether a commit ran through this iteration."""
+        if self.last_commit_step == step - 1:
+            self.last_stall = stall  # the step right after a commit started shows what it waited
+        self.gap, self.step_seconds = gap, step_seconds
+        if gap <= 0:  # the first step of a run: no iteration to measure
+            return
+        iteration = gap + step_seconds
+        typical = min((statistics.median(d) for d in (self.busy, self.quiet) if d), default=None)
+        if typical is not None and iteration > PAUSE * typical and self.pauses < SAMPLES:
+            self.pauses += 1  # the loop paused; several in a row: it changed pace, take them
+            return
+        self.pauses = 0
+        if self.commit_running:
+            self.busy.append(iteration)
+            self.busy_since_start += 1
+        else:
+            self.quiet.append(iteration)
+            self.last_quiet_step = step
+
+    def started(self, step: int, now: float) -> None:
+        """A commit of ``step`` started."""
+        if self.busy_since_start:
+            self.busy_per_commit = self.busy_since_start
+        self.busy_since_start = 0
+        self.last_commit_step, self.last_commit_started = step, now
+
+    def commit_cost(self) -> float | None:
+        """Seconds of the loop's time one commit costs (``None`` until both kinds of iteration were seen)."""
+        if not self.busy or not self.quiet:
+            return None
+        slower = statistics.median(self.busy) - statistics.median(self.quiet)
+        return max(slower * self.busy_per_commit, self.last_stall, 0.0)
 
 
 def due(policy: CommitPolicy, clock: CommitClock, *, step: int, now: float, in_flight: bool) -> bool:
@@ -132,10 +184,12 @@ def due(policy: CommitPolicy, clock: CommitClock, *, step: int, now: float, in_f
         return by_steps or by_time
     if since >= policy.max_interval:
         return True
-    iteration = clock.gap + clock.step_seconds
-    stall = clock.last_stall  # measured: what the step after the last commit waited for it
-    if stall <= 0 or iteration <= 0:
-        return True
-    # Each commit costs about `stall` of waiting; space commits so that is a small share of the loop.
-    every = math.ceil(stall / (STALL_SHARE * iteration))
+    cost = clock.commit_cost()
+    if cost is None:
+        # Not measured yet: the first commit starts now; then one iteration runs without a commit.
+        return not clock.busy and not clock.commit_running
+    iteration = statistics.median(clock.quiet)
+    every = max(1, math.ceil(cost / (STALL_SHARE * iteration))) if iteration > 0 else 1
+    if every == 1 and step - clock.last_quiet_step > REPROBE_STEPS:
+        return False  # committing every step: let one iteration run alone to measure the loop again
     return step - clock.last_commit_step >= every

@@ -279,9 +279,7 @@ class Journal:
         if statedir is None or store is None:
             return False
         clock = self.clock
-        if clock.last_commit_step == progress.step_count - 1:
-            clock.last_stall = stall  # the step right after a commit started shows what it cost
-        clock.gap, clock.step_seconds = gap, step_seconds
+        clock.record(step=progress.step_count, gap=gap, step_seconds=step_seconds, stall=stall)
         if not self.durable or statedir.private:
             self._commit_without_durability(progress)
             return False
@@ -295,8 +293,10 @@ class Journal:
         if not wanted:
             if in_flight and due(self.policy, clock, step=progress.step_count, now=time.monotonic(), in_flight=False):
                 self.stats.deferred += 1
+            clock.commit_running = in_flight  # it overlaps the next iteration
             return False
         self._start(progress)
+        clock.commit_running = True
         return True
 
     def decide(self, step: int) -> bool:
@@ -341,8 +341,7 @@ class Journal:
         transfers = self.store.persist_resident()
         self.stats.resident_bytes += sum(t.nbytes for t in transfers)
         crash_point("persist-issued")
-        self.clock.last_commit_step = progress.step_count
-        self.clock.last_commit_started = started
+        self.clock.started(progress.step_count, started)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierstore-commit")
         self._inflight = self._pool.submit(self._finish, progress, transfers, started)

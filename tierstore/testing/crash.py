@@ -441,26 +441,28 @@ def killed_state_problems(job: CrashJob, result: ChildResult, *, before: int | N
     """What is wrong with the state directory a killed durable child left (empty: nothing).
 
     It must hold the last step the child saw committed, or a later one whose
-    commit finished in the background before the kill: the next one (a
-    commit runs behind each step), or the one after when the kill landed
-    inside a step or construction (that step's own commit may have finished
-    before it returned), or, killed in close, the final step (close commits
-    it). A child that died before it saw any commit leaves
-    what the directory held ``before`` it started (``None``: it was empty,
-    so nothing, or step 0). Every committed checksum must verify.
+    commit started before the kill (commits finish in the background, and
+    under load one may start while an earlier one the child never saw
+    finish was skipped): at most the step the kill interrupted, whose own
+    commit starts at its end, or the final step when killed in export or
+    close. A child that died before it saw any commit leaves what the
+    directory held ``before`` it started (``None``: it was empty, so
+    nothing, or step 0). Every committed checksum must verify.
     """
     from tierstore.reader import StateReader
 
     manifest = Path(job.state_dir) / "manifest.json"
     phase = result.landed_phase or ""
+    name, _, k = phase.partition(" ")
     if result.completed < 0:
         allowed = {None, 0} if before is None else {before}
-    elif phase.startswith("step") or phase == "construct":
-        allowed = {result.completed, result.completed + 1, result.completed + 2}
-    else:  # between steps, exporting or closing: the last step's commit may still land
-        allowed = {result.completed, result.completed + 1}
-        if phase == "close":  # close waits for that commit, then commits the final step
-            allowed.add(job.steps)
+    else:
+        # The latest step a commit can have started before the kill: in step k, step k's own
+        # (its commit starts at its end); in forward k, step k-1's; in export or close, the last.
+        latest = {"step": int(k or 0) + 1, "forward": int(k or 0)}.get(name, job.steps)
+        if name == "construct":
+            latest = result.completed + 2  # building a fresh state commits twice
+        allowed = set(range(result.completed, max(latest, result.completed) + 1))
     if not manifest.exists():
         return [] if None in allowed else [f"no manifest after a kill in {phase!r}; expected step {sorted(allowed)}"]
     with StateReader(job.state_dir) as reader:
