@@ -685,7 +685,7 @@ def test_the_step_behind_the_loop_equals_the_synchronous_step(tmp_path, fmt, bud
         opt = TieredAdamW(model.parameters(), lr=1e-2, moment_dtype=fmt, ram_budget=budget, shard_numel=1024,
                           state_dir=str(tmp_path / f"s{attached}") if budget else None)
         if attached:
-            opt.attach(model)
+            opt.attach(model, overlap=True)
         gen = torch.Generator().manual_seed(1)
         losses = []
         for _ in range(4):

@@ -12,6 +12,7 @@ while an update is still in flight. Misuse gets an error naming the fix.
 from __future__ import annotations
 
 import copy
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,7 +144,7 @@ def test_attached_training_is_bitwise_equal_to_torch(run: Run, tmp_path_factory)
     budget = {"ram": None, "disk": "40KiB", "durable": "40KiB"}[run.budget]  # a 4-slot arena and a shard
     state_dir = str(tmp / "state") if run.budget == "durable" else None
     opt = TieredAdamW(ours.parameters(), lr=1e-2, ram_budget=budget, shard_numel=1024, state_dir=state_dir)
-    opt.attach(ours, offload_grads=run.offload)
+    opt.attach(ours, offload_grads=run.offload, overlap=True)
     ref = torch.optim.AdamW(theirs.parameters(), lr=1e-2, fused=True)
     scalers = [torch.amp.GradScaler("cpu", init_scale=2.0**6, enabled=run.scaler) for _ in range(2)]
     scheds = [torch.optim.lr_scheduler.StepLR(o, 1, 0.7) if run.schedule else None for o in (opt, ref)]
@@ -163,7 +164,7 @@ def test_attached_training_is_bitwise_equal_to_torch(run: Run, tmp_path_factory)
 def test_step_returns_before_the_update_and_forward_waits_per_module(monkeypatch) -> None:
     """A slow update: step() returns at once; the first module's forward waits only for its own shards."""
     model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
-    opt = TieredAdamW(model.parameters(), lr=1e-2, shard_numel=1024).attach(model)
+    opt = TieredAdamW(model.parameters(), lr=1e-2, shard_numel=1024).attach(model, overlap=True)
     seen: list[int] = []
     real = ShardBoard.done
 
@@ -186,7 +187,7 @@ def test_step_returns_before_the_update_and_forward_waits_per_module(monkeypatch
 
 def test_update_order_follows_first_use_in_forward() -> None:
     model = Permuted([32, 32, 32], order=[2, 0, 1], tie=False, unused=False)
-    opt = TieredAdamW(model.parameters(), lr=1e-2, shard_numel=1024).attach(model)
+    opt = TieredAdamW(model.parameters(), lr=1e-2, shard_numel=1024).attach(model, overlap=True)
     model(torch.ones(2, 32)).sum().backward()  # records the first use of each module
     opt.step()
     opt.synchronize()
@@ -201,7 +202,7 @@ def test_update_order_follows_first_use_in_forward() -> None:
 
 def test_scaler_unscale_with_offloaded_grads_names_the_fix() -> None:
     model = nn.Linear(8, 1)
-    opt = TieredAdamW(model.parameters()).attach(model, offload_grads=True)
+    opt = TieredAdamW(model.parameters()).attach(model, offload_grads=True, overlap=True)
     scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
     scaler.scale(model(torch.ones(2, 8)).sum()).backward()
     assert all(p.grad is None for p in model.parameters()), "gradients were not offloaded"
@@ -232,7 +233,7 @@ def test_an_unattached_module_using_pending_parameters_waits_and_warns(monkeypat
     twin = copy.deepcopy(model)
     other = nn.Linear(16, 16)
     other.weight = model.weight  # a module outside the attached model shares a parameter
-    opt = TieredAdamW(model.parameters(), lr=1e-2).attach(model)
+    opt = TieredAdamW(model.parameters(), lr=1e-2).attach(model, overlap=True)
     ref = torch.optim.AdamW(twin.parameters(), lr=1e-2, fused=True)
     for m, o in ((model, opt), (twin, ref)):
         m(torch.ones(2, 16)).sum().backward()
@@ -246,7 +247,7 @@ def test_an_unattached_module_using_pending_parameters_waits_and_warns(monkeypat
 
 def test_a_failed_background_step_fails_the_next_call(monkeypatch) -> None:
     model = nn.Linear(64, 64)
-    opt = TieredAdamW(model.parameters(), lr=1e-2, shard_numel=1024).attach(model)
+    opt = TieredAdamW(model.parameters(), lr=1e-2, shard_numel=1024).attach(model, overlap=True)
 
     def broken(*args, **kwargs):
         raise OSError("injected")
@@ -266,7 +267,7 @@ def test_zero_grad_between_offloaded_backwards_drops_the_first(monkeypatch) -> N
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
     twin = copy.deepcopy(model)
-    opt = TieredAdamW(model.parameters(), lr=1e-2, shard_numel=512).attach(model, offload_grads=True)
+    opt = TieredAdamW(model.parameters(), lr=1e-2, shard_numel=512).attach(model, offload_grads=True, overlap=True)
     ref = torch.optim.AdamW(twin.parameters(), lr=1e-2, fused=True)
     for step in range(3):
         for m, o in ((model, opt), (twin, ref)):
@@ -307,7 +308,7 @@ def test_a_parameter_read_functionally_waits_for_its_update(monkeypatch) -> None
     torch.manual_seed(0)
     model = FunctionalHead()
     twin = copy.deepcopy(model)
-    opt = TieredAdamW(model.parameters(), lr=1e-2, shard_numel=64).attach(model)
+    opt = TieredAdamW(model.parameters(), lr=1e-2, shard_numel=64).attach(model, overlap=True)
     ref = torch.optim.AdamW(twin.parameters(), lr=1e-2, fused=True)
     losses: dict[str, list[float]] = {"tiered": [], "torch": []}
     for step in range(4):
@@ -320,4 +321,26 @@ def test_a_parameter_read_functionally_waits_for_its_update(monkeypatch) -> None
     assert losses["tiered"] == losses["torch"]
     opt.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
+    opt.close()
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_attach_runs_behind_the_loop_only_when_something_can_hide(monkeypatch, streamed) -> None:
+    """CPU state all in RAM: nothing hides behind a forward that uses every core, so the step runs
+    at once (never slower than unattached); with shards streamed from disk it runs behind the loop."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
+    budget = "40KiB" if streamed else None
+    opt = TieredAdamW(model.parameters(), lr=1e-2, shard_numel=1024, ram_budget=budget).attach(model)
+    ran_on: list[str] = []
+    update = opt._rt.run_step
+
+    def run_step(*args, **kwargs):
+        ran_on.append(threading.current_thread().name)
+        return update(*args, **kwargs)
+
+    monkeypatch.setattr(opt._rt, "run_step", run_step)
+    model(torch.ones(2, 64)).sum().backward()
+    opt.step()
+    opt.synchronize()
+    assert ran_on and (ran_on[0] != threading.current_thread().name) == streamed, ran_on
     opt.close()

@@ -274,7 +274,12 @@ class TieredAdamW(torch.optim.Optimizer):
 
     # -- behind the training loop (tierstore.overlap) -----------------
     def attach(
-        self, model: torch.nn.Module, *, offload_grads: bool | None = None, grad_bucket_bytes: int = DEFAULT_BUCKET_BYTES
+        self,
+        model: torch.nn.Module,
+        *,
+        offload_grads: bool | None = None,
+        grad_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        overlap: bool | None = None,
     ) -> TieredAdamW:
         """Run each step behind the training loop: ``step()`` returns once the update is scheduled.
 
@@ -284,6 +289,12 @@ class TieredAdamW(torch.optim.Optimizer):
         the synchronous step. Code that reads parameters outside a forward
         (``model.state_dict()``, an EMA) calls :meth:`synchronize` first.
         See :mod:`tierstore.overlap`.
+
+        ``overlap=None`` runs a step behind the loop when something can hide
+        there: shards streamed from disk, or copies to a GPU. A step of
+        CPU parameters with all state in RAM is pure CPU work that would
+        compete with the forward for the same cores, so it runs at once
+        (never slower than unattached). ``True``: always behind the loop.
 
         With ``offload_grads`` (``None``: when parameters are on a GPU)
         gradients leave the device as backward finishes each, into host
@@ -308,7 +319,7 @@ class TieredAdamW(torch.optim.Optimizer):
         rt = self._runtime()
         offload = self._spec.cuda if offload_grads is None else bool(offload_grads)
         rt.attach(model, self._params, self._layout, cuda=self._spec.cuda, offload_grads=offload,
-                  grad_bucket_bytes=grad_bucket_bytes, pin=self._knobs.pin_memory)  # fmt: skip
+                  grad_bucket_bytes=grad_bucket_bytes, pin=self._knobs.pin_memory, overlap=overlap)  # fmt: skip
         self._step_supports_amp_scaling = offload  # GradScaler then hands itself to step()
         return self
 

@@ -131,6 +131,7 @@ class Runtime:
         self.pipeline = pipeline
         self.uploads = UploadBuffers()
         self.attachment: Attachment | None = None
+        self.overlap_always = False  # attach(overlap=True): behind the loop even with nothing to hide
         self.offload: GradientOffload | None = None
         self.step_count = 0
         self.last_run: StepStats | None = None
@@ -342,8 +343,12 @@ class Runtime:
     # -- lifetime -----------------------------------------------------
     def schedule_step(self, update: ShardUpdate, *, progress: Progress, knobs: Knobs) -> None:
         """Run one step's update now, or behind the training loop when a model is attached."""
-        if self.attachment is None:
-            streams = any(not self.store.is_resident(i) for i in update.shards)
+        streams = any(not self.store.is_resident(i) for i in update.shards)
+        # Behind the loop only when something can hide there: reads and writes of streamed
+        # shards, or CUDA copies. A CPU update of resident state needs the cores the forward
+        # uses, so it would only compete with it (the overlap's H = min(F, S - C/n) is 0).
+        behind = self.attachment is not None and (self.overlap_always or streams or update.uploads is not None)
+        if not behind:
             threads = intra_op_threads(knobs.streaming_threads if streams else None)
             self.run_step(update.shards, update, threads=threads, progress=progress)
             return
@@ -379,9 +384,14 @@ class Runtime:
         offload_grads: bool,
         grad_bucket_bytes: int,
         pin: bool | None,
+        overlap: bool | None = None,
     ) -> None:
-        """Hook ``model`` so steps run behind the loop (and gradients leave the device, with ``offload_grads``)."""
+        """Hook ``model`` so steps run behind the loop (and gradients leave the device, with ``offload_grads``).
+
+        ``overlap``: see :meth:`tierstore.TieredAdamW.attach`.
+        """
         self.detach()
+        self.overlap_always = bool(overlap)
         attachment = self.attachment = Attachment(model, params, layout)
         if cuda:
             self.uploads.stream = torch.cuda.Stream()  # parameters go up beside the forward, not in its stream

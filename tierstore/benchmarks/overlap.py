@@ -10,8 +10,9 @@ run:
 - ``H = min(F, S - C/n)`` on ``n`` cores: the part of the step that can
   hide behind a forward that keeps every core busy;
 - iteration time unattached (about ``F + B + S``) and attached, interleaved
-  (each round runs both for ``--block`` iterations, rotating which goes
-  first; the first iteration of each block is not counted).
+  (each round runs each for ``--block`` consecutive iterations, rotating
+  which goes first; the first iteration of each block is not counted, and
+  the attached block's last step finishes before the next block starts).
 
 The target: attached <= ``F + B + S - 0.7 H`` (at least 70% of what can hide
 is hidden) and, with all state in RAM, attached <= unattached. The same
@@ -45,10 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``bench/overlap.py``."""
     parser.add_argument("--layers", type=int, default=12, help="MLP layers (default 12)")
     parser.add_argument("--width", type=int, default=2048, help="layer width (default 2048: 4.2e6 params a layer)")
-    parser.add_argument("--batch", type=int, default=64, help="batch size (default 64)")
+    parser.add_argument("--batch", type=int, default=512, help="batch size (default 512: a forward about 0.7x the streamed step)")
     parser.add_argument("--ram-budget", default="1/8", help="a share of the state ('1/8'), a size, or 'none' (all in RAM)")
     parser.add_argument("--rounds", type=int, default=4, help="timed rounds (default 4)")
-    parser.add_argument("--block", type=int, default=3, help="iterations per contender per round (default 3)")
+    parser.add_argument("--block", type=int, default=5, help="consecutive iterations per contender per round (default 5)")
     parser.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON")
 
 
@@ -126,15 +127,19 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     step = 0
     for r in range(args.rounds + 1):  # the first round warms up
         order = ("unattached", "attached") if r % 2 == 0 else ("attached", "unattached")
-        for k in range(args.block):
-            x = _batch(args, step)
-            losses["torch"].append(_iteration(models["torch"], opts["torch"], x))
-            for name in order:
+        # Each contender runs its block of consecutive iterations: a step behind the loop must
+        # overlap its own loop's next forward, not another contender's iterations. The first
+        # iteration of a block is not counted (the previous block's last step may still run).
+        for name in ("torch", *order):
+            for k in range(args.block):
+                x = _batch(args, step + k)
                 t0 = time.perf_counter()
                 losses[name].append(_iteration(models[name], opts[name], x))
-                if r > 0 and k > 0:
+                if r > 0 and k > 0 and name != "torch":
                     times[name].append(time.perf_counter() - t0)
-            step += 1
+            if name == "attached":
+                opts[name].synchronize()  # its last step must not run into the next contender's block
+        step += args.block
     opts["attached"].synchronize()
     equal = {
         "losses": losses["attached"] == losses["unattached"] == losses["torch"],
