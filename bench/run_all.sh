@@ -55,5 +55,16 @@ run durability-5e7 python bench/durability.py --params 5e7 --dir "$DIR" --json "
 run step-durable-2e8 python bench/step.py --params 2e8 --ram-budget 1/8 --dir "$DIR" --backend direct --durable both \
     --steps 5 --skip ram,torch,peer,footprint --json "$OUT/step-durable-2e8.json"
 # 12. The step behind the loop (attach), streamed (1/8) and all in RAM; TMPDIR puts the private state on DIR.
-TMPDIR="$DIR" run overlap-stream python bench/overlap.py --ram-budget 1/8 --json "$OUT/overlap-stream.json"
-TMPDIR="$DIR" run overlap-ram python bench/overlap.py --ram-budget none --json "$OUT/overlap-ram.json"
+TMPDIR="$DIR" run overlap-stream-5e7 python bench/overlap.py --ram-budget 1/8 --json "$OUT/overlap-stream-5e7.json"
+TMPDIR="$DIR" run overlap-ram-5e7 python bench/overlap.py --ram-budget none --json "$OUT/overlap-ram-5e7.json"
+# 13. Streamed step per moment format at 2e8, ram_budget 1/8 of the float32 state (int8 also on 2 update threads).
+run formats-step-2e8 python bench/formats_step.py --params 2e8 --dir "$DIR" --rounds 7 --formats float32,bfloat16,int8,int8:2 \
+    --json "$OUT/formats-step-2e8.json"
+# 14. Convergence of the formats beside fp32 AdamW, torchao and bitsandbytes (about 25 minutes), two more demo seeds.
+run convergence python bench/convergence.py --models gpt2,demo --steps 1000 --json "$OUT/convergence-main.json"
+for seed in 1 2; do
+  run "convergence-seed$seed" python bench/convergence.py --models demo --batch-seed $seed --steps 1000 \
+      --contenders torch-adamw-fp32,ours-bfloat16,ours-int8,bnb-adamw8bit --json "$OUT/convergence-seed$seed.json"
+done
+run convergence-merge python bench/convergence.py --merge "$OUT/convergence-main.json" "$OUT/convergence-seed1.json" \
+    "$OUT/convergence-seed2.json" --json "$OUT/convergence.json" --plot "$OUT/convergence.png"
