@@ -119,17 +119,19 @@ def test_field_nbytes_rejects_capacities_that_are_not_page_multiples(capacity):
 # -- fast path == reference, bitwise ------------------------------------------------------
 
 
+@pytest.mark.parametrize("impl", ["fast", "torch"])  # fast: the compiled int8 kernel where it builds
 @pytest.mark.parametrize("fmt", ALL_VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("field", FIELDS)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 2000), specials=st.booleans(), subnormal=st.booleans(),
        threads=st.integers(1, 3), offset=st.sampled_from([0, 256, 10**6, 2**32 - 300, 2**40]))
 @settings(max_examples=12)
-def test_fast_path_equals_reference_bitwise(fmt, field, seed, n, specials, subnormal, threads, offset):
+def test_fast_path_equals_reference_bitwise(impl, fmt, field, seed, n, specials, subnormal, threads, offset):
     x = sample(seed, n, field, specials=specials, subnormal=subnormal)
     key = RoundingKey(seed=seed, step=seed % 1000, offset=offset)
-    fast, ref = enc(fmt, field, x, key=key, threads=threads), enc(fmt, field, x, key=key, impl="reference")
-    assert torch.equal(fast, ref)
-    assert torch.equal(bits(dec(fmt, field, fast, n, threads=threads)), bits(dec(fmt, field, fast, n, impl="reference")))
+    fast = enc(fmt, field, x, key=key, threads=threads, impl=impl)
+    assert torch.equal(fast, enc(fmt, field, x, key=key, impl="reference"))
+    decoded = dec(fmt, field, fast, n, threads=threads, impl=impl)
+    assert torch.equal(bits(decoded), bits(dec(fmt, field, fast, n, impl="reference")))
     assert torch.equal(bits(x), bits(sample(seed, n, field, specials=specials, subnormal=subnormal))), "encode changed its input"
 
 
@@ -140,6 +142,7 @@ def test_fast_path_equals_reference_across_chunks_and_threads(fmt, monkeypatch):
     x = sample(1, n, "exp_avg", specials=True)
     one = enc(fmt, "exp_avg", x, key=KEY, threads=1)
     assert torch.equal(one, enc(fmt, "exp_avg", x, key=KEY, threads=3))
+    assert torch.equal(one, enc(fmt, "exp_avg", x, key=KEY, threads=2, impl="torch"))
     assert torch.equal(one, enc(fmt, "exp_avg", x, key=KEY, impl="reference"))
 
 
