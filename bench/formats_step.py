@@ -8,7 +8,9 @@ round's times saw the same drive and CPU weather; the paired ratio (format /
 float32, per round, median) is what the targets compare:
 
 - ``bfloat16`` <= 0.72x and ``int8`` <= 0.60x the ``float32`` step time;
-- at the same budget, how many more shards (and parameters) stay resident.
+- at the same budget, how many more shards (and parameters) stay resident;
+- ``int8@torch``: int8 with its codec in torch ops (the compiled kernel of
+  ``tierstore.native`` set aside), to see what the kernel buys.
 
 The load average is sampled before every round and reported (the dev machine
 is shared). Needs 4 B/param of gradients plus, per format, 4 B/param of
@@ -24,6 +26,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -35,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from tierstore import TieredAdamW
+from tierstore import TieredAdamW, native
 from tierstore.benchmarks.report import machine_info
 from tierstore.benchmarks.resources import Needs, check
 from tierstore.benchmarks.workload import build
@@ -72,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", required=True, help="a directory on the drive under test")
     parser.add_argument("--budget", type=float, default=1 / 8, help="ram_budget as a share of the float32 state")
     parser.add_argument("--formats", default=",".join(FORMATS),
-                        help="moment_dtype values, the first is the baseline; NAME:N runs NAME with update_threads=N")
+                        help="moment_dtype values, the first is the baseline; NAME:N runs NAME with update_threads=N; "
+                             "int8@torch runs int8 without the compiled codec kernel (torch ops)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-master", action="store_true", help="keep_master=False (8 B/param in float32)")
     parser.add_argument("--durable", action="store_true", help="durable=True (a commit per step)")
@@ -87,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     fp32_state = numel * (12 if keep_master else 8)
     budget = int(fp32_state * args.budget)
     shard_numel = None if args.shard_numel is None else int(args.shard_numel)
-    disk = sum(int(numel * (4 * keep_master + 2 * {"float32": 4, "bfloat16": 2, "int8": 1.0157}[f.partition(":")[0]]))
+    disk = sum(int(numel * (4 * keep_master + 2 * {"float32": 4, "bfloat16": 2, "int8": 1.0157}[f.partition(":")[0].partition("@")[0]]))
                for f in formats)
     needs = Needs(f"formats_step.py --params {args.params:g}", ram=numel * 4 + len(formats) * (numel * 4 + budget), disk=disk * (2 if args.durable else 1) + (64 << 20))
     try:
@@ -100,23 +104,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for entry in formats:
             fmt, _, threads = entry.partition(":")
+            fmt, _, impl = fmt.partition("@")
             copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
             for p, q in zip(params, copies):
                 q.grad = p.grad
-            run = {"moment_dtype": entry, "opt": None, "dir": tempfile.mkdtemp(dir=args.dir), "s": [], "split": []}
+            run = {"moment_dtype": entry, "opt": None, "dir": tempfile.mkdtemp(dir=args.dir), "s": [], "split": [],
+                   "codec": native.suspended if impl == "torch" else contextlib.nullcontext}
             runs.append(run)  # registered first, so its directory is removed on any error
             run["opt"] = TieredAdamW(copies, state_dir=run["dir"], ram_budget=budget, backend=args.backend,
                                      keep_master=keep_master, moment_dtype=fmt, durable=args.durable,
                                      shard_numel=shard_numel, update_threads=int(threads) if threads else args.update_threads)
-            run["opt"].step()  # warm-up
-            print(f"{fmt}: {run['opt'].describe()}", flush=True)
+            with run["codec"]():
+                run["opt"].step()  # warm-up
+            print(f"{entry}: {run['opt'].describe()}", flush=True)
         for r in range(args.rounds):
             loads.append(os.getloadavg()[0])
             order = runs[r % len(runs):] + runs[: r % len(runs)]
             for run in order:
-                t0 = time.perf_counter()
-                run["opt"].step()
-                run["s"].append(time.perf_counter() - t0)
+                with run["codec"]():
+                    t0 = time.perf_counter()
+                    run["opt"].step()
+                    run["s"].append(time.perf_counter() - t0)
                 st = run["opt"].last_step_stats
                 run["split"].append({"read_wait": st.read_wait, "update": st.update, "write_wait": st.write_wait,
                                      "bytes_read": st.bytes_read, "bytes_written": st.bytes_written})
@@ -148,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(run["dir"], ignore_errors=True)
     same_shard = results[0]["shard_numel"]
     for row in results:
-        row["at_baseline_shard_numel"] = _resident_at(numel, row["moment_dtype"].partition(":")[0], budget=budget,
+        row["at_baseline_shard_numel"] = _resident_at(numel, row["moment_dtype"].partition(":")[0].partition("@")[0],
+                                                      budget=budget,
                                                       shard_numel=same_shard, keep_master=keep_master)
     print(f"\n{numel:.3g} params, keep_master={keep_master}, ram_budget {budget / 2**20:.1f} MiB "
           f"(1/{1 / args.budget:g} of the float32 state), load average {min(loads):.2f}..{max(loads):.2f}")

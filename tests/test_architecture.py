@@ -23,7 +23,7 @@ LAYERS: dict[str, int] = {
     # 0: leaves
     "_version": 0, "errors": 0, "sizes": 0, "faults": 0, "dtensor": 0, "dynamo": 0,
     # 1: pure descriptions and arithmetic (no I/O)
-    "workers": 0, "codecs": 1, "layout": 1, "hyper": 1, "knobs": 1, "kernel": 1, "integrity": 1, "factory": 1, "distributed": 1,
+    "workers": 0, "native": 0, "codecs": 1, "layout": 1, "hyper": 1, "knobs": 1, "kernel": 1, "integrity": 1, "factory": 1, "distributed": 1,
     "commit_policy": 1,
     "spec": 2, "budget": 2, "manifest": 2, "torch_format": 2, "deepspeed_config": 3,
     # 4: memory and files

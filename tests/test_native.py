@@ -31,7 +31,7 @@ def fresh(monkeypatch, tmp_path):
 
 
 def _need_kernel() -> native.Kernel:
-    k = native.kernel()
+    k = codecs.native_kernel()
     if k is None:
         pytest.skip(f"no compiled kernel here: {native.status()}")
     return k
@@ -45,13 +45,13 @@ def _encode(field: str, x: torch.Tensor, impl: str) -> torch.Tensor:
 
 @pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
 def test_builds_into_the_cache_directory_once(fresh):
-    k = native.kernel()
+    k = codecs.native_kernel()
     assert k is not None, native.status()
     assert k.path.parent == fresh / "cache"
     assert native.status() == f"compiled kernel {k.path}"
     mtime = k.path.stat().st_mtime_ns
     native.reset()
-    assert native.kernel().path == k.path and k.path.stat().st_mtime_ns == mtime, "a cached build was rebuilt"
+    assert codecs.native_kernel().path == k.path and k.path.stat().st_mtime_ns == mtime, "a cached build was rebuilt"
 
 
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 5000), scale=st.sampled_from([1e-40, 1e-20, 1.0, 1e30]),
@@ -78,7 +78,7 @@ def test_kernel_equals_torch_ops_and_reference(seed, n, scale, field):
 
 def test_off_switch_uses_torch_ops(fresh, monkeypatch):
     monkeypatch.setenv("TIERSTORE_NATIVE", "0")
-    assert native.kernel() is None
+    assert codecs.native_kernel() is None
     assert native.status() == "torch ops (TIERSTORE_NATIVE=0)"
     x = torch.linspace(-1, 1, 1000)
     assert torch.equal(_encode("exp_avg", x, "fast"), _encode("exp_avg", x, "reference"))
@@ -86,12 +86,12 @@ def test_off_switch_uses_torch_ops(fresh, monkeypatch):
 
 def test_no_compiler_falls_back_and_require_raises(fresh, monkeypatch):
     monkeypatch.setattr(native, "_compiler", lambda: None)
-    assert native.kernel() is None
+    assert codecs.native_kernel() is None
     assert "no C compiler found" in native.status()
     native.reset()
     monkeypatch.setenv("TIERSTORE_NATIVE", "require")
     with pytest.raises(ConfigError, match="TIERSTORE_NATIVE=require.*no C compiler found"):
-        native.kernel()
+        codecs.native_kernel()
 
 
 def test_a_failing_compiler_falls_back_with_its_message(fresh, monkeypatch):
@@ -99,7 +99,7 @@ def test_a_failing_compiler_falls_back_with_its_message(fresh, monkeypatch):
     cc.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo broken 1.0; exit 0; fi\necho 'no luck' >&2\nexit 1\n")
     cc.chmod(cc.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("TIERSTORE_CC", str(cc))
-    assert native.kernel() is None
+    assert codecs.native_kernel() is None
     assert "building the compiled kernel failed" in native.status() and "no luck" in native.status()
     x = torch.rand(777)
     assert torch.equal(_encode("exp_avg_sq", x, "fast"), _encode("exp_avg_sq", x, "reference"))
@@ -113,14 +113,14 @@ def test_a_kernel_that_computes_wrong_bytes_is_refused(fresh, monkeypatch):
     assert broken != good
     monkeypatch.setattr(native, "_source", lambda: broken)
     with pytest.warns(UserWarning, match="decode of exp_avg differs"):
-        assert native.kernel() is None
+        assert codecs.native_kernel() is None
     assert "failed its self-check" in native.status()
 
 
 def test_unknown_switch_value_is_a_config_error(fresh, monkeypatch):
     monkeypatch.setenv("TIERSTORE_NATIVE", "fastest")
     with pytest.raises(ConfigError, match="TIERSTORE_NATIVE='fastest' is unknown"):
-        native.kernel()
+        codecs.native_kernel()
 
 
 @pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
@@ -128,7 +128,7 @@ def test_unusable_cache_directory_builds_in_a_temporary_one(fresh, monkeypatch):
     blocker = fresh / "a-file"
     blocker.write_text("")
     monkeypatch.setenv("TIERSTORE_CACHE_DIR", str(blocker / "cache"))  # cannot be created
-    k = native.kernel()
+    k = codecs.native_kernel()
     try:
         assert k is not None, native.status()
         assert not str(k.path).startswith(str(blocker))

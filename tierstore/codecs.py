@@ -576,9 +576,47 @@ def decode_chunk(
     _per_block(out, scales, fmt.block_numel, torch.Tensor.mul_)
 
 
+def native_kernel() -> native.Kernel | None:
+    """The compiled int8 kernel (:mod:`tierstore.native`), checked against the torch path; None where unused.
+
+    Example
+    -------
+    >>> k = native_kernel()  # built on the first call of the process where a C compiler exists
+    >>> (k is None) == native.status().startswith("torch ops")
+    True
+    """
+    return native.kernel(_native_self_check)
+
+
 def _native_kernel(fmt: MomentFormat) -> native.Kernel | None:
     """The compiled int8 kernel when it applies to ``fmt`` (blocks it accepts) and could be built."""
-    return native.kernel() if 0 < fmt.block_numel <= native.MAX_BLOCK else None
+    return native_kernel() if 0 < fmt.block_numel <= native.MAX_BLOCK else None
+
+
+def _native_self_check(k: native.Kernel) -> str | None:
+    """Why ``k`` does not match the torch path (None when it does), on values chosen to hit every rule."""
+    gen = torch.Generator().manual_seed(0)
+    n = 4 * 256 + 77  # whole blocks and a partial one
+    x = torch.randn(n, generator=gen) * torch.rand(n, generator=gen).pow(6)
+    x[3], x[300], x[301], x[600] = float("nan"), float("inf"), -float("inf"), -0.0
+    x[768:1024] = 0.0  # a zero block
+    x[1024:1030] = torch.tensor([1e-42, -1e-44, 3e38, -3e38, 1e-39, 0.0])
+    fmt = FORMATS["int8"]
+    for field, data in (("exp_avg", x), ("exp_avg_sq", x.abs().square() * torch.sign(x + 0.4))):
+        want_codes = torch.empty(n, dtype=torch.uint8)
+        want_scales = torch.empty(fmt.num_blocks(n))
+        encode_chunk(fmt, field, data, want_codes, want_scales, native=False)
+        codes, scales = torch.empty_like(want_codes), torch.empty_like(want_scales)
+        tables = _tables(_map_kind(fmt, field))
+        k.int8_encode(data, codes, scales, fmt.block_numel, field in _SIGNED_FIELDS, tables.nearest)
+        if not (torch.equal(codes, want_codes) and torch.equal(scales.view(torch.int32), want_scales.view(torch.int32))):
+            return f"encode of {field} differs from the torch path"
+        want, got = torch.empty(n), torch.empty(n)
+        decode_chunk(fmt, field, codes, scales, want, native=False)
+        k.int8_decode(codes, scales, got, fmt.block_numel, tables.decode.view(torch.float32))
+        if not torch.equal(want.view(torch.int32), got.view(torch.int32)):
+            return f"decode of {field} differs from the torch path"
+    return None
 
 
 def _per_block(x: Tensor, scales: Tensor, bn: int, op) -> None:  # noqa: ANN001

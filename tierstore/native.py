@@ -24,13 +24,15 @@ Environment:
 
 Example
 -------
->>> k = kernel()  # None where no compiler is found or TIERSTORE_NATIVE=0
+>>> from tierstore import codecs
+>>> k = codecs.native_kernel()  # None where no compiler is found or TIERSTORE_NATIVE=0
 >>> status().startswith(("compiled", "torch ops"))
 True
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -42,10 +44,10 @@ import sys
 import tempfile
 import threading
 import warnings
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from .errors import ConfigError
@@ -61,6 +63,7 @@ COMPILE_TIMEOUT_S = 120
 
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}  # "kernel": Kernel | None, "status": str
+_SUSPENDED = 0  # > 0 inside suspended(): torch ops
 
 
 class Kernel:
@@ -156,35 +159,7 @@ def _compile(cc: str, source: bytes) -> Path:
         raise RuntimeError(f"{cc} failed: {errors[-1]}")
 
 
-def _self_check(k: Kernel) -> str | None:
-    """Why ``k`` does not match the torch path (None when it does), on values chosen to hit every rule."""
-    from . import codecs  # codecs imports this module lazily; no cycle at import time
-
-    gen = torch.Generator().manual_seed(0)
-    n = 4 * 256 + 77  # whole blocks and a partial one
-    x = torch.randn(n, generator=gen) * torch.rand(n, generator=gen).pow(6)
-    x[3], x[300], x[301], x[600] = float("nan"), float("inf"), -float("inf"), -0.0
-    x[768:1024] = 0.0  # a zero block
-    x[1024:1030] = torch.tensor([1e-42, -1e-44, 3e38, -3e38, 1e-39, 0.0])
-    fmt = codecs.moment_format("int8")
-    for field, data in (("exp_avg", x), ("exp_avg_sq", x.abs().square() * torch.sign(x + 0.4))):
-        torch_codes = torch.empty(n, dtype=torch.uint8)
-        torch_scales = torch.empty(fmt.num_blocks(n))
-        codecs.encode_chunk(fmt, field, data, torch_codes, torch_scales, native=False)
-        codes, scales = torch.empty_like(torch_codes), torch.empty_like(torch_scales)
-        tables = codecs._tables(codecs._map_kind(fmt, field))
-        k.int8_encode(data, codes, scales, fmt.block_numel, field == "exp_avg", tables.nearest)
-        if not (torch.equal(codes, torch_codes) and torch.equal(scales.view(torch.int32), torch_scales.view(torch.int32))):
-            return f"encode of {field} differs from the torch path"
-        want, got = torch.empty(n), torch.empty(n)
-        codecs.decode_chunk(fmt, field, codes, scales, want, native=False)
-        k.int8_decode(codes, scales, got, fmt.block_numel, tables.decode.view(torch.float32))
-        if not torch.equal(want.view(torch.int32), got.view(torch.int32)):
-            return f"decode of {field} differs from the torch path"
-    return None
-
-
-def _load() -> tuple[Kernel | None, str]:
+def _load(self_check: Callable[[Kernel], str | None]) -> tuple[Kernel | None, str]:
     mode = _mode()
     if mode == "off":
         return None, "torch ops (TIERSTORE_NATIVE=0)"
@@ -198,7 +173,7 @@ def _load() -> tuple[Kernel | None, str]:
             if lib.ts_codec_kernel_version() != ABI_VERSION:
                 raise RuntimeError(f"{path} has ABI {lib.ts_codec_kernel_version()}, expected {ABI_VERSION}")
             k = Kernel(lib, path)
-            mismatch = _self_check(k)
+            mismatch = self_check(k)
             if mismatch is None:
                 return k, f"compiled kernel {path}"
             warnings.warn(f"tierstore: the compiled int8 codec is not used: {mismatch} ({path})", stacklevel=3)
@@ -211,21 +186,49 @@ def _load() -> tuple[Kernel | None, str]:
     return None, reason
 
 
-def kernel() -> Kernel | None:
-    """The compiled kernel, built on the first call of the process; None where it cannot be used."""
+def kernel(self_check: Callable[[Kernel], str | None]) -> Kernel | None:
+    """The compiled kernel, built on the first call of the process; None where it cannot be used.
+
+    ``self_check(kernel)`` runs once after loading and says why the kernel's
+    results differ from the torch path (None when they do not); a kernel that
+    fails it is not used. :func:`tierstore.codecs.native_kernel` is the caller.
+    """
+    if _SUSPENDED:
+        return None
     if "kernel" not in _STATE:
         with _LOCK:
             if "kernel" not in _STATE:
-                k, why = _load()
+                k, why = _load(self_check)
                 _STATE["status"] = why
                 _STATE["kernel"] = k
     return _STATE["kernel"]  # type: ignore[return-value]
 
 
 def status() -> str:
-    """How the int8 codec runs in this process: ``"compiled kernel <path>"`` or ``"torch ops (<why>)"``."""
-    kernel()
-    return str(_STATE["status"])
+    """How the int8 codec runs in this process: ``"compiled kernel <path>"``, ``"torch ops (<why>)"``,
+    or ``"undecided"`` before the first int8 codec call."""
+    return str(_STATE.get("status", "undecided"))
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Torch ops for every int8 codec call of the process while inside (benchmarks compare both paths).
+
+    Example
+    -------
+    >>> with suspended():
+    ...     from tierstore import codecs
+    ...     codecs.native_kernel() is None
+    True
+    """
+    global _SUSPENDED
+    with _LOCK:
+        _SUSPENDED += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _SUSPENDED -= 1
 
 
 def reset() -> None:

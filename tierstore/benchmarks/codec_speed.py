@@ -8,7 +8,8 @@ the ratios hold on a machine whose speed drifts. Reported in elements
 - ``copy``: ``dst.copy_(src)`` of fp32 (what a float32 "codec" costs at best);
 - ``adamw``: the fused AdamW kernel on ``numel`` parameters (reads and writes
   param, exp_avg, exp_avg_sq; reads the gradient);
-- per format and field: ``decode`` and ``encode``.
+- per format and field: ``decode`` and ``encode`` (``int8@torch``: int8 in torch
+  ops, without the compiled kernel of :mod:`tierstore.native`).
 
 - per format, ``update/<format>``: a whole step of ``TieredAdamW(moment_dtype=...,
   keep_master=True)`` over ``numel`` resident parameters: the one math as the
@@ -41,7 +42,7 @@ from typing import Any
 
 import torch
 
-from .. import codecs
+from .. import codecs, native
 from ..kernel import adamw
 
 FIELDS = ("exp_avg", "exp_avg_sq")
@@ -49,8 +50,8 @@ DRIVE_GBPS = (0.5, 1.0, 2.0)
 
 
 def _format(name: str) -> codecs.MomentFormat:
-    """A format name, or ``<name>-<rounding>`` for a rounding variant."""
-    base, _, rounding = name.partition("-")
+    """A format name, or ``<name>-<rounding>`` for a rounding variant; ``@torch`` (int8): torch ops only."""
+    base, _, rounding = name.partition("@")[0].partition("-")
     fmt = codecs.moment_format(base)
     return dataclasses.replace(fmt, name=name, rounding=rounding) if rounding else fmt
 
@@ -78,27 +79,31 @@ def measure(
     key = codecs.RoundingKey(seed=0, step=1, offset=0)
     for name in formats:
         fmt = _format(name)
+        impl = "torch" if name.endswith("@torch") else "fast"
         for field in FIELDS:
             buf = encoded[name, field] = torch.empty(fmt.encoded_nbytes(numel), dtype=torch.uint8)
             codecs.encode(fmt, field, moments[field], buf, key=key, threads=threads)
             contenders[f"{name}/{field}/decode"] = (
-                lambda fmt=fmt, field=field, buf=buf: codecs.decode(fmt, field, buf, scratch, threads=threads)
+                lambda fmt=fmt, field=field, buf=buf, impl=impl: codecs.decode(
+                    fmt, field, buf, scratch, threads=threads, impl=impl)
             )
             contenders[f"{name}/{field}/encode"] = (
-                lambda fmt=fmt, field=field, buf=buf: codecs.encode(fmt, field, moments[field], buf, key=key, threads=threads)
+                lambda fmt=fmt, field=field, buf=buf, impl=impl: codecs.encode(
+                    fmt, field, moments[field], buf, key=key, threads=threads, impl=impl)
             )
     optimizers = []
     if update:
         from ..optimizer import TieredAdamW
 
         for name in formats:
-            if codecs.FORMATS.get(name) is None:
+            base, _, impl = name.partition("@")
+            if codecs.FORMATS.get(base) is None:
                 continue  # a codec variant is not a state format
             p = torch.nn.Parameter(param.clone())
             p.grad = grad
-            opt = TieredAdamW([p], lr=1e-9, keep_master=True, moment_dtype=name, update_threads=threads)
+            opt = TieredAdamW([p], lr=1e-9, keep_master=True, moment_dtype=base, update_threads=threads)
             optimizers.append(opt)
-            contenders[f"update/{name}"] = opt.step
+            contenders[f"update/{name}"] = _suspended(opt.step) if impl == "torch" else opt.step
     floor = None
     if drive is not None:
         floor = _drive(drive, numel)
@@ -147,6 +152,15 @@ def measure(
             row["drive_measured_params_per_s"] = 1 / (row["bytes_per_param"] / (read_gbps * 1e9)
                                                       + row["bytes_per_param"] / (write_gbps * 1e9))
     return result
+
+
+def _suspended(call: Callable[[], Any]) -> Callable[[], Any]:
+    """``call`` with the compiled int8 kernel set aside (torch ops), for a same-run comparison."""
+    def run() -> Any:
+        with native.suspended():
+            return call()
+
+    return run
 
 
 def _drive(directory: str, numel: int) -> Any:
