@@ -25,7 +25,7 @@ LAYERS: dict[str, int] = {
     # 1: pure descriptions and arithmetic (no I/O)
     "workers": 0, "native": 0, "codecs": 1, "layout": 1, "hyper": 1, "knobs": 1, "kernel": 1, "integrity": 1, "factory": 1, "distributed": 1,
     "commit_policy": 1,
-    "spec": 2, "budget": 2, "manifest": 2, "torch_format": 2, "deepspeed_config": 3,
+    "fused_update": 2, "spec": 2, "budget": 2, "manifest": 2, "torch_format": 2, "deepspeed_config": 3,
     # 4: memory and files
     "hostmem": 4, "chunkfile": 4, "dcp_memory": 4, "backends": 4, "backends.base": 4, "backends.direct": 4, "backends.mmap_file": 4,
     "transfer": 5,

@@ -48,7 +48,7 @@ def test_builds_into_the_cache_directory_once(fresh):
     k = codecs.native_kernel()
     assert k is not None, native.status()
     assert k.path.parent == fresh / "cache"
-    assert native.status() == f"compiled kernel {k.path}"
+    assert native.status() == f"compiled kernel {k.path} ({'AVX2+FMA' if k.fast else 'baseline'} variant)"
     mtime = k.path.stat().st_mtime_ns
     native.reset()
     assert codecs.native_kernel().path == k.path and k.path.stat().st_mtime_ns == mtime, "a cached build was rebuilt"
@@ -109,7 +109,7 @@ def test_a_failing_compiler_falls_back_with_its_message(fresh, monkeypatch):
 def test_a_kernel_that_computes_wrong_bytes_is_refused(fresh, monkeypatch):
     # A deliberately broken build (decode doubles every value) must fail the load-time self-check.
     good = native._source()
-    broken = good.replace(b"out[i] = values[codes[i]] * s;", b"out[i] = values[codes[i]] * s * 2.0f;")
+    broken = good.replace(b"decode_scalar(c, s, len, values, out);", b"decode_scalar(c, s * 2.0f, len, values, out);")
     assert broken != good
     monkeypatch.setattr(native, "_source", lambda: broken)
     with pytest.warns(UserWarning, match="decode of exp_avg differs"):

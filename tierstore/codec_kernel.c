@@ -1,29 +1,59 @@
-/* The int8 moment codec's hot loops, compiled on first use (tierstore/native.py).
+/* The compressed moment formats' hot loops, compiled on first use (tierstore/native.py).
  *
- * Bit for bit what tierstore/codecs.py's torch path computes (and its NumPy
- * reference): per block, the scale is the largest finite magnitude (signed
- * field) or the largest finite positive value (non-negative fields, else +0);
- * each element's code is the lookup table's entry for the upper 20 bits of
- * x / max(scale, smallest subnormal); decoding multiplies the code's map value
- * by the block's scale. Only IEEE operations that round exactly (one division,
- * one multiplication) and integer ones, so any vector width gives the same
- * bits; never build this with -ffast-math.
+ * Two jobs:
  *
- * Why compiled: in torch ops the encode is eight passes over a chunk and the
- * decode three; here each block stays in L1 (measured on a 2-vCPU AVX2 VM,
- * one thread: encode 0.7 -> 2.0 G elements/s, decode 1.5 -> 3.3 G/s).
+ * 1. The int8 codec (ts_int8_encode, ts_int8_decode), bit for bit what
+ *    tierstore/codecs.py's torch path computes (and its NumPy reference): per
+ *    block, the scale is the largest finite magnitude (signed field) or the
+ *    largest finite positive value (non-negative fields, else +0); each
+ *    element's code is the lookup table's entry for the upper 20 bits of
+ *    x / max(scale, smallest subnormal); decoding multiplies the code's map
+ *    value by the block's scale.
+ *
+ * 2. The fused update of a compressed chunk (ts_update): per block, decode the
+ *    moments into fp32 on the stack, run AdamW on the parameter pieces in the
+ *    block, encode the moments back; the block never leaves L1. Its AdamW is
+ *    torch's fused CPU kernel (aten/src/ATen/native/cpu/FusedAdamKernel.cpp,
+ *    ADAMW mode, float) written out operation by operation, including the
+ *    multiply-adds torch's build contracts into FMAs and the different
+ *    scalar formulas of a tensor's last numel % vec elements (vec: the width
+ *    of torch's Vectorized<float>). That is a claim about one torch build, so
+ *    tierstore/fused_update.py checks it against torch._fused_adamw_ at load
+ *    and does not use this kernel where any bit differs.
+ *
+ * Only exactly rounded IEEE operations (+ - * / sqrt, fmaf) and integer ones,
+ * in a fixed order: any vector width gives the same bits. Build with
+ * -ffp-contract=off (no FMA the source does not write) and never with
+ * -ffast-math.
+ *
+ * Why compiled: in torch ops the int8 encode is eight passes over a chunk and
+ * the decode three, and the update's decode -> kernel -> encode moves every
+ * moment through the cache several times; here each block is touched once.
  */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #define MAX_BLOCK 4096 /* elements per block this file accepts (the caller checks) */
+#define ABI_VERSION 2
 
+/* One build runs everywhere: each entry point has an AVX2+FMA variant, picked
+ * at run time where the CPU has both, and a baseline variant. */
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(TS_NO_CLONES)
-/* One build runs everywhere: the loader picks the AVX2 clone where the CPU has it. */
-#define TS_CLONES __attribute__((target_clones("avx2", "default")))
+#define TS_DISPATCH 1
+#define TS_FAST __attribute__((target("avx2,fma")))
+static int fast_cpu(void) {
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
+    return known;
+}
 #else
-#define TS_CLONES
+#define TS_DISPATCH 0
 #endif
+#define INLINE static inline __attribute__((always_inline))
 
 static inline float float_of(uint32_t u) {
     float f;
@@ -31,54 +61,295 @@ static inline float float_of(uint32_t u) {
     return f;
 }
 
+/* ---- the int8 codec ------------------------------------------------------------ */
+
+/* The block's scale: its largest finite value by bit pattern. For non-negative
+ * floats the integer order is the float order; NaN and inf (>= 0x7F800000)
+ * count as 0. Signed fields compare magnitudes (mask clears the sign bit);
+ * non-negative fields keep the sign bit, so a negative value is a negative
+ * int32 and never the maximum. */
+INLINE float block_scale(const float *x, int64_t len, int32_t mask) {
+    const int32_t *bits = (const int32_t *)x;
+    int32_t m = 0;
+    for (int64_t i = 0; i < len; ++i) {
+        int32_t key = bits[i] & mask;
+        key = key < 0x7F800000 ? key : 0;
+        m = m > key ? m : key;
+    }
+    return float_of((uint32_t)m);
+}
+
+/* Codes of x[0..len) / divisor: the table's entry for the upper 20 bits of each quotient. */
+INLINE void lookup_scalar(const float *x, int64_t len, float divisor, const uint8_t *table, uint8_t *c) {
+    uint32_t bucket[MAX_BLOCK];
+    for (int64_t i = 0; i < len; ++i) { /* vectorised: divide, keep the upper 20 bits */
+        const float y = x[i] / divisor;
+        uint32_t yb;
+        memcpy(&yb, &y, 4);
+        bucket[i] = yb >> 12;
+    }
+    for (int64_t i = 0; i < len; ++i) c[i] = table[bucket[i]];
+}
+
+INLINE void decode_scalar(const uint8_t *c, float s, int64_t len, const float *values, float *out) {
+    for (int64_t i = 0; i < len; ++i) out[i] = values[c[i]] * s;
+}
+
+/* Encode len (<= MAX_BLOCK) elements of one block: the codes and the block's scale. */
+INLINE void encode_block(const float *x, int64_t len, int32_t mask, const uint8_t *table, uint8_t *c,
+                         float *scale_out) {
+    const float tiny = float_of(1u);
+    const float scale = block_scale(x, len, mask);
+    *scale_out = scale;
+    lookup_scalar(x, len, scale > tiny ? scale : tiny, table, c); /* a zero block keeps 0, inf and NaN */
+}
+
+INLINE void decode_block(const uint8_t *c, float s, int64_t len, const float *values, float *out) {
+    decode_scalar(c, s, len, values, out);
+}
+
 /* Encode n fp32 elements of src: one byte per element into codes, one fp32
  * scale per block of bn elements (the last block may be partial) into scales.
  * table: 2**20 codes indexed by the upper 20 bits of x / scale. */
-TS_CLONES
-void ts_int8_encode(const float *src, int64_t n, int64_t bn, int is_signed, const uint8_t *table,
-                    uint8_t *codes, float *scales) {
-    const float tiny = float_of(1u);
-    /* Signed: compare magnitudes (sign bit cleared). Non-negative fields keep the
-     * sign bit, so a negative value is a negative int32 and never the maximum. */
+INLINE void int8_encode_body(const float *src, int64_t n, int64_t bn, int is_signed,
+                             const uint8_t *table, uint8_t *codes, float *scales) {
     const int32_t mask = is_signed ? 0x7FFFFFFF : -1;
-    uint32_t bucket[MAX_BLOCK];
     for (int64_t b = 0, k = 0; b < n; b += bn, ++k) {
         const int64_t len = (b + bn < n ? b + bn : n) - b;
-        const int32_t *bits = (const int32_t *)(src + b);
-        /* The largest finite value by its bit pattern: for non-negative floats the
-         * integer order is the float order; NaN and inf (>= 0x7F800000) count as 0. */
-        int32_t m = 0;
-        for (int64_t i = 0; i < len; ++i) {
-            int32_t key = bits[i] & mask;
-            key = key < 0x7F800000 ? key : 0;
-            m = m > key ? m : key;
-        }
-        const float scale = float_of((uint32_t)m);
-        scales[k] = scale;
-        const float divisor = scale > tiny ? scale : tiny; /* a zero block keeps 0, inf and NaN */
-        const float *x = src + b;
-        for (int64_t i = 0; i < len; ++i) { /* vectorised: divide, keep the upper 20 bits */
-            const float y = x[i] / divisor;
-            uint32_t yb;
-            memcpy(&yb, &y, 4);
-            bucket[i] = yb >> 12;
-        }
-        uint8_t *c = codes + b;
-        for (int64_t i = 0; i < len; ++i) c[i] = table[bucket[i]];
+        encode_block(src + b, len, mask, table, codes + b, scales + k);
     }
 }
 
 /* Decode n codes into fp32 out: values[code] (256 entries, NaN for the reserved
  * code) times the block's scale. */
-TS_CLONES
-void ts_int8_decode(const uint8_t *codes, const float *scales, int64_t n, int64_t bn, const float *values,
-                    float *out) {
+INLINE void int8_decode_body(const uint8_t *codes, const float *scales, int64_t n, int64_t bn,
+                             const float *values, float *out) {
     for (int64_t b = 0, k = 0; b < n; b += bn, ++k) {
-        const int64_t e = b + bn < n ? b + bn : n;
-        const float s = scales[k];
-        for (int64_t i = b; i < e; ++i) out[i] = values[codes[i]] * s;
+        const int64_t len = (b + bn < n ? b + bn : n) - b;
+        decode_block(codes + b, scales[k], len, values, out + b);
     }
 }
 
-/* The ABI version the loader checks (bump it with any signature change). */
-int ts_codec_kernel_version(void) { return 1; }
+/* ---- bfloat16 ------------------------------------------------------------------- */
+
+/* Round half to even, as torch's conversion; NaN becomes the canonical 0x7FC0. */
+INLINE void bf16_encode(const float *x, int64_t len, uint16_t *c) {
+    const uint32_t *bits = (const uint32_t *)x;
+    for (int64_t i = 0; i < len; ++i) {
+        const uint32_t u = bits[i];
+        const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+        c[i] = (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
+    }
+}
+
+INLINE void bf16_decode(const uint16_t *c, int64_t len, float *out) {
+    uint32_t *bits = (uint32_t *)out;
+    for (int64_t i = 0; i < len; ++i) bits[i] = (uint32_t)c[i] << 16;
+}
+
+/* ---- the fused update ------------------------------------------------------------ */
+
+/* One parameter piece inside a chunk (80 bytes; fused_update.PIECE packs it). */
+typedef struct {
+    float *target;       /* the fp32 master (or fp32 CPU parameter) of the piece, updated in place */
+    const float *grad;   /* its fp32 gradient */
+    float *param_out;    /* an fp32 CPU parameter that takes the new master values, or NULL */
+    int64_t start;       /* first element, relative to the chunk */
+    int64_t numel;       /* elements; the last numel % vec take torch's scalar formulas */
+    int64_t vec;         /* torch's Vectorized<float>::size() */
+    float wd_factor;     /* float(1 - lr * weight_decay) */
+    float lerp_w;        /* float(1 - beta1) */
+    float beta2;         /* float(beta2) */
+    float c2;            /* float(1 - beta2) */
+    float bc2_sqrt;      /* float(sqrt(1 - beta2 ** step)) */
+    float eps;           /* float(eps) */
+    float step_size;     /* float(lr / (1 - beta1 ** step)) */
+    int32_t flags;       /* PIECE_* below */
+} ts_piece;
+
+enum { PIECE_WD = 1, PIECE_MAXIMIZE = 2, PIECE_AMSGRAD = 4 };
+
+/* One moment field of the chunk (32 bytes; fused_update.FIELD packs it). */
+typedef struct {
+    void *codes;            /* uint8 (int8) or uint16 (bfloat16) codes of the chunk's elements */
+    float *scales;          /* int8: one scale per block of the chunk; NULL for bfloat16 */
+    const uint8_t *nearest; /* int8: the field's 2**20 lookup table */
+    const float *values;    /* int8: the field's 256 decode values */
+} ts_field;
+
+enum { FORMAT_BF16 = 1, FORMAT_INT8 = 2 };
+
+/* torch's Vectorized<float>::maximum: max, or the all-ones NaN if either is NaN. */
+INLINE float vec_maximum(float a, float b) {
+    const float mx = a > b ? a : b;
+    return (a != a || b != b) ? float_of(0xFFFFFFFFu) : mx;
+}
+
+/* The vector body's formulas on elements [0, n) of the arrays (torch's loop over whole vectors). */
+INLINE void adamw_body(const ts_piece *q, float *restrict p, const float *restrict g, float *restrict m,
+                       float *restrict v, float *restrict x, float *restrict out, int64_t n, int wd, int maximize,
+                       int amsgrad) {
+    const float w = q->lerp_w, b2 = q->beta2, c2 = q->c2, bc = q->bc2_sqrt, eps = q->eps;
+    const float neg_step = -q->step_size, wdf = q->wd_factor;
+    const int small = fabsf(w) < 0.5f;
+    const float coeff = small ? w : w - 1.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        float gi = g[i];
+        if (maximize) gi = gi * -1.0f;
+        float pi = p[i];
+        if (wd) pi = pi * wdf;
+        const float mi = m[i];
+        /* exp_avg.lerp_(grad, w): fmadd(coeff, grad - exp_avg, base) */
+        const float mn = fmaf(coeff, gi - mi, small ? mi : gi);
+        /* exp_avg_sq * beta2 + c2 * grad * grad, contracted as fma(c2 * grad, grad, exp_avg_sq * beta2) */
+        const float vn = fmaf(c2 * gi, gi, v[i] * b2);
+        float denom;
+        if (amsgrad) {
+            const float xn = vec_maximum(x[i], vn);
+            x[i] = xn;
+            denom = sqrtf(xn) / bc + eps;
+        } else {
+            denom = sqrtf(vn) / bc + eps;
+        }
+        pi = pi + neg_step * mn / denom;
+        m[i] = mn;
+        v[i] = vn;
+        p[i] = pi;
+    }
+    if (out) memcpy(out, p, (size_t)n * 4); /* after the loop: a conditional store would keep it scalar */
+}
+
+/* The scalar tail's formulas (torch's loop over the last numel % vec elements). */
+INLINE void adamw_tail(const ts_piece *q, float *p, const float *g, float *m, float *v, float *x, float *out,
+                       int64_t n, int wd, int maximize, int amsgrad) {
+    const float w = q->lerp_w, b2 = q->beta2, c2 = q->c2, bc = q->bc2_sqrt, eps = q->eps;
+    const float step = q->step_size, wdf = q->wd_factor;
+    const int small = fabsf(w) < 0.5f;
+    for (int64_t i = 0; i < n; ++i) {
+        float gi = g[i];
+        if (maximize) gi = -gi;
+        float pi = p[i];
+        if (wd) pi = pi * wdf;
+        float mi = m[i];
+        /* exp_avg + w * (grad - exp_avg), or grad - (grad - exp_avg) * (1 - w), both contracted */
+        mi = small ? fmaf(w, gi - mi, mi) : fmaf(-(gi - mi), 1.0f - w, gi);
+        /* exp_avg_sq * beta2, then + c2 * grad * grad, contracted as fma(exp_avg_sq, beta2, c2 * grad * grad) */
+        const float vn = fmaf(v[i], b2, (c2 * gi) * gi);
+        float denom;
+        if (amsgrad) {
+            const float xn = x[i] < vn ? vn : x[i]; /* std::max */
+            x[i] = xn;
+            denom = sqrtf(xn) / bc + eps;
+        } else {
+            denom = sqrtf(vn) / bc + eps;
+        }
+        pi = pi - step * mi / denom;
+        m[i] = mi;
+        v[i] = vn;
+        p[i] = pi;
+    }
+    if (out) memcpy(out, p, (size_t)n * 4);
+}
+
+/* Elements [lo, hi) of the block starting at chunk element b, all in piece q. */
+INLINE void update_range(const ts_piece *q, int64_t b, int64_t lo, int64_t hi, float *m, float *v, float *x) {
+    const int wd = (q->flags & PIECE_WD) != 0, mx = (q->flags & PIECE_MAXIMIZE) != 0;
+    const int ams = (q->flags & PIECE_AMSGRAD) != 0;
+    const int64_t body_end = q->start + q->numel - q->numel % q->vec;
+    const int64_t split = lo > body_end ? lo : (hi < body_end ? hi : body_end);
+    const int64_t o = lo - q->start; /* offset into the piece */
+    float *out = q->param_out ? q->param_out + o : 0;
+    float *xs = ams ? x + (lo - b) : 0;
+    /* Specialised loops for the flags (the compiler folds the constants). */
+#define BODY(W, M, A) adamw_body(q, q->target + o, q->grad + o, m + (lo - b), v + (lo - b), xs, out, split - lo, W, M, A)
+    if (split > lo) {
+        if (ams) {
+            if (wd) { if (mx) BODY(1, 1, 1); else BODY(1, 0, 1); }
+            else { if (mx) BODY(0, 1, 1); else BODY(0, 0, 1); }
+        } else {
+            if (wd) { if (mx) BODY(1, 1, 0); else BODY(1, 0, 0); }
+            else { if (mx) BODY(0, 1, 0); else BODY(0, 0, 0); }
+        }
+    }
+#undef BODY
+    if (hi > split) {
+        const int64_t t = split - lo;
+        adamw_tail(q, q->target + o + t, q->grad + o + t, m + (split - b), v + (split - b), ams ? x + (split - b) : 0,
+                   out ? out + t : 0, hi - split, wd, mx, ams);
+    }
+}
+
+INLINE void decode_field(int format, const ts_field *f, int64_t b, int64_t k, int64_t len, float *out) {
+    if (format == FORMAT_INT8) decode_block((const uint8_t *)f->codes + b, f->scales[k], len, f->values, out);
+    else bf16_decode((const uint16_t *)f->codes + b, len, out);
+}
+
+INLINE void encode_field(int format, const ts_field *f, int is_signed, int64_t b, int64_t k, int64_t len,
+                         const float *x) {
+    if (format == FORMAT_INT8)
+        encode_block(x, len, is_signed ? 0x7FFFFFFF : -1, f->nearest, (uint8_t *)f->codes + b, f->scales + k);
+    else bf16_encode(x, len, (uint16_t *)f->codes + b);
+}
+
+/* Update one chunk of n elements (a compressed shard's elements [lo, lo + n),
+ * starting on a block boundary): per block of bn, decode every field (exp_avg,
+ * exp_avg_sq and, with nfields == 3, max_exp_avg_sq), update the pieces'
+ * elements inside the block, encode every field back. Pieces are sorted by
+ * start and do not overlap; elements outside them are decoded and encoded
+ * unchanged, as the torch path does. */
+INLINE void update_body(int format, int64_t n, int64_t bn, const ts_field *fields, int nfields, const ts_piece *pieces,
+                        int64_t npieces) {
+    float m[MAX_BLOCK], v[MAX_BLOCK], x[MAX_BLOCK];
+    float *moment[3] = {m, v, x};
+    int64_t first = 0; /* the first piece that may reach into the current block */
+    for (int64_t b = 0, k = 0; b < n; b += bn, ++k) {
+        const int64_t len = (b + bn < n ? b + bn : n) - b;
+        for (int f = 0; f < nfields; ++f) decode_field(format, &fields[f], b, k, len, moment[f]);
+        while (first < npieces && pieces[first].start + pieces[first].numel <= b) ++first;
+        for (int64_t j = first; j < npieces && pieces[j].start < b + len; ++j) {
+            const ts_piece *q = &pieces[j];
+            const int64_t lo = q->start > b ? q->start : b;
+            const int64_t end = q->start + q->numel, hi = end < b + len ? end : b + len;
+            if (hi > lo) update_range(q, b, lo, hi, m, v, nfields == 3 ? x : 0);
+        }
+        for (int f = 0; f < nfields; ++f) encode_field(format, &fields[f], f == 0, b, k, len, moment[f]);
+    }
+}
+
+/* ---- entry points ------------------------------------------------------------------ */
+
+/* Each entry point: its body compiled twice, called through the variant this CPU runs. */
+#if TS_DISPATCH
+#define ENTRY(name, params, ...)                                         \
+    TS_FAST static void name##_fast params { name##_body(__VA_ARGS__); } \
+    static void name##_base params { name##_body(__VA_ARGS__); }         \
+    void ts_##name params {                                                 \
+        if (fast_cpu()) name##_fast(__VA_ARGS__);                           \
+        else name##_base(__VA_ARGS__);                                      \
+    }
+#else
+#define ENTRY(name, params, ...) \
+    void ts_##name params { name##_body(__VA_ARGS__); }
+#endif
+
+ENTRY(int8_encode,
+      (const float *src, int64_t n, int64_t bn, int is_signed, const uint8_t *table, uint8_t *codes, float *scales),
+      src, n, bn, is_signed, table, codes, scales)
+ENTRY(int8_decode,
+      (const uint8_t *codes, const float *scales, int64_t n, int64_t bn, const float *values, float *out),
+      codes, scales, n, bn, values, out)
+ENTRY(update,
+      (int format, int64_t n, int64_t bn, const ts_field *fields, int nfields, const ts_piece *pieces, int64_t npieces),
+      format, n, bn, fields, nfields, pieces, npieces)
+
+/* The ABI version the loader checks (bump it with any signature or struct change). */
+int ts_codec_kernel_version(void) { return ABI_VERSION; }
+
+/* Whether this process runs the AVX2+FMA variants (describe() and benchmarks say so). */
+int ts_codec_kernel_fast(void) {
+#if TS_DISPATCH
+    return fast_cpu();
+#else
+    return 0;
+#endif
+}

@@ -275,7 +275,7 @@ class _Int8Tables:
     boundaries: np.ndarray  # nearest: positive decision boundaries on the bucket grid, ascending
     inv_gap: np.ndarray  # 1 / (values[c+1] - values[c]) in fp32, for stochastic rounding
     decode: Tensor  # 256 int32: the fp32 bits of the values, then NaN for NONFINITE_CODE
-    nearest: Tensor  # 2**20 uint8: the nearest code of every 20-bit bucket of y's bits
+    nearest: Tensor  # 2**20 uint8: the nearest code of every 20-bit bucket of y's bits (allocation padded by 64)
     # Stochastic rounding (floor, then up at random); fp32 tables hold int32 bit patterns.
     floor_start: Tensor  # 65536 int32: count(values <= lowest value of bf16 bucket) - 1
     floor_next: Tensor  # 256: values[c+1] (+inf past the end)
@@ -345,7 +345,8 @@ def _int8_tables(kind: str) -> _Int8Tables:
 
     # Every value of a bucket has the code of the bucket's first pattern (the
     # boundaries are on the bucket grid): one lookup per element, no comparison.
-    nearest = np.empty(_BUCKETS, np.uint8)
+    # Padded: the compiled kernel's 4-byte gathers read up to 3 bytes past the last entry.
+    nearest = np.zeros(_BUCKETS + 64, np.uint8)
     for lo in range(0, _BUCKETS, 1 << 16):  # in pieces: the temporaries stay small (peak RSS)
         first = (np.arange(lo, lo + (1 << 16), dtype=np.uint32) << BUCKET_SHIFT).view(np.float32)
         nearest[lo : lo + (1 << 16)] = _nearest_codes(signed, boundaries, first)
@@ -356,7 +357,7 @@ def _int8_tables(kind: str) -> _Int8Tables:
         boundaries=boundaries,
         inv_gap=inv_gap,
         decode=pad(values, np.nan),
-        nearest=torch.from_numpy(nearest),
+        nearest=torch.from_numpy(nearest)[:_BUCKETS],
         floor_start=torch.from_numpy(np.maximum(_bucket_start(values) - 1, 0)),
         floor_next=pad(values[1:], inf),
         floor_value=pad(values, 0),
@@ -391,6 +392,20 @@ def int8_map(fmt: MomentFormat | str, field: str) -> np.ndarray:
 def int8_boundaries(fmt: MomentFormat | str, field: str) -> np.ndarray:
     """The positive decision boundaries of nearest rounding in ``field`` of ``fmt`` (see the module docs)."""
     return _tables(_map_kind(moment_format(fmt), _check_field(field))).boundaries.copy()
+
+
+def kernel_tables(fmt: MomentFormat | str, field: str) -> tuple[Tensor, Tensor]:
+    """The compiled kernel's tables of an int8 ``field``: the 2**20 nearest codes (uint8, indexed by
+    the upper 20 bits of x / scale) and the 256 decode values (fp32, NaN for the reserved code).
+
+    Example
+    -------
+    >>> nearest, values = kernel_tables("int8", "exp_avg")
+    >>> nearest.numel(), float(values[127])
+    (1048576, 0.0)
+    """
+    t = _tables(_map_kind(moment_format(fmt), _check_field(field)))
+    return t.nearest, t.decode.view(torch.float32)
 
 
 # -- stochastic-rounding bits ----------------------------------------------------------

@@ -1,11 +1,14 @@
-"""The compiled int8 codec kernel: built on first use, loaded with ctypes, optional.
+"""The compiled kernel of the compressed formats: built on first use, loaded with ctypes, optional.
 
-:mod:`tierstore.codecs` runs the int8 codec in torch ops everywhere; where a
-C compiler is available it runs the same computation from
-``codec_kernel.c`` instead, about 2-3x faster (one pass per block in L1
-instead of eight passes per chunk), with the same bytes: the kernel uses
-only exactly rounded IEEE operations, and a self-check against the torch
-path runs on every load (a mismatch disables the kernel and warns).
+:mod:`tierstore.codecs` runs the codecs in torch ops everywhere, and the
+compressed update runs decode -> ``torch._fused_adamw_`` -> encode
+(:mod:`tierstore.update`). Where a C compiler is available,
+``codec_kernel.c`` runs the same computations instead, with the same bytes:
+the int8 codec about 2x faster (one pass per block in L1 instead of eight
+passes per chunk), and the whole update of a chunk in one pass per block
+(:mod:`tierstore.fused_update`). The kernel uses only exactly rounded IEEE
+operations; its callers check it against the torch path on every load (a
+mismatch disables that part and warns).
 
 The shared library is compiled once per source version, compiler and flags
 into a cache directory and reused by every process after. ctypes releases
@@ -55,10 +58,13 @@ from .errors import ConfigError
 log = logging.getLogger(__name__)
 
 SOURCE = "codec_kernel.c"
-ABI_VERSION = 1  # ts_codec_kernel_version() of a library this module can call
+ABI_VERSION = 2  # ts_codec_kernel_version() of a library this module can call
 MAX_BLOCK = 4096  # elements per block the kernel accepts (MAX_BLOCK in the C source)
-FLAGS = ("-O3", "-shared", "-fPIC", "-fno-strict-aliasing", "-std=c99")
-FALLBACK_FLAGS = ("-DTS_NO_CLONES",)  # for compilers without target_clones (one baseline build)
+# -ffp-contract=off: no FMA the source does not write (clang contracts by default);
+# -fno-math-errno: sqrtf as one instruction, so the update's loops vectorise.
+FLAGS = ("-O3", "-shared", "-fPIC", "-fno-strict-aliasing", "-std=c99", "-ffp-contract=off", "-fno-math-errno")
+LIBS = ("-lm",)  # fmaf in the baseline variant
+FALLBACK_FLAGS = ("-DTS_NO_CLONES",)  # for compilers without target attributes (one baseline build)
 COMPILE_TIMEOUT_S = 120
 
 _LOCK = threading.Lock()
@@ -67,17 +73,22 @@ _SUSPENDED = 0  # > 0 inside suspended(): torch ops
 
 
 class Kernel:
-    """The loaded library's two entry points, on tensors (arguments are not checked)."""
+    """The loaded library's entry points, on tensors and packed records (arguments are not checked)."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self.path = path
-        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        p, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         self._encode = lib.ts_int8_encode
-        self._encode.argtypes = [p, i64, i64, ctypes.c_int, p, p, p]
+        self._encode.argtypes = [p, i64, i64, c_int, p, p, p]
         self._encode.restype = None
         self._decode = lib.ts_int8_decode
         self._decode.argtypes = [p, p, i64, i64, p, p]
         self._decode.restype = None
+        self._update = lib.ts_update
+        self._update.argtypes = [c_int, i64, i64, ctypes.c_char_p, c_int, ctypes.c_char_p, i64]
+        self._update.restype = None
+        #: Whether the AVX2+FMA variants run in this process (else the baseline build).
+        self.fast = bool(lib.ts_codec_kernel_fast())
 
     def int8_encode(
         self, src: Tensor, codes: Tensor, scales: Tensor, block_numel: int, signed: bool, table: Tensor
@@ -90,6 +101,11 @@ class Kernel:
     def int8_decode(self, codes: Tensor, scales: Tensor, out: Tensor, block_numel: int, values: Tensor) -> None:
         """``values[code] * scale`` into the fp32 ``out``; ``values`` holds 256 fp32."""
         self._decode(codes.data_ptr(), scales.data_ptr(), out.numel(), block_numel, values.data_ptr(), out.data_ptr())
+
+    def update(self, fmt: int, numel: int, block_numel: int, fields: bytes, nfields: int, pieces: bytes, npieces: int) -> None:
+        """The fused update of one chunk: ``fields`` and ``pieces`` are packed ``ts_field``/``ts_piece``
+        records (:mod:`tierstore.fused_update` packs them)."""
+        self._update(fmt, numel, block_numel, fields, nfields, pieces, npieces)
 
 
 def _mode() -> str:
@@ -137,7 +153,7 @@ def _compile(cc: str, source: bytes) -> Path:
     """The library for ``source``, compiled now unless the cache holds it. Raises OSError or RuntimeError."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.split("\n")[0]
     tag = hashlib.sha256(
-        b"\0".join([source, cc.encode(), version.encode(), " ".join(FLAGS).encode(), platform.machine().encode()])
+        b"\0".join([source, cc.encode(), version.encode(), " ".join(FLAGS + LIBS).encode(), platform.machine().encode()])
     ).hexdigest()[:16]
     directory = _writable_dir()
     target = directory / f"codec-kernel-{tag}.so"
@@ -150,7 +166,8 @@ def _compile(cc: str, source: bytes) -> Path:
         errors = []
         for extra in ((), FALLBACK_FLAGS):
             done = subprocess.run(
-                [cc, *FLAGS, *extra, "-o", str(out), str(src)], capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S
+                [cc, *FLAGS, *extra, "-o", str(out), str(src), *LIBS], capture_output=True, text=True,
+                timeout=COMPILE_TIMEOUT_S,
             )
             if done.returncode == 0:
                 os.replace(out, target)  # atomic: concurrent builders leave one whole file
@@ -175,7 +192,7 @@ def _load(self_check: Callable[[Kernel], str | None]) -> tuple[Kernel | None, st
             k = Kernel(lib, path)
             mismatch = self_check(k)
             if mismatch is None:
-                return k, f"compiled kernel {path}"
+                return k, f"compiled kernel {path} ({'AVX2+FMA' if k.fast else 'baseline'} variant)"
             warnings.warn(f"tierstore: the compiled int8 codec is not used: {mismatch} ({path})", stacklevel=3)
             reason = f"torch ops (the compiled kernel failed its self-check: {mismatch})"
         except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import distributed
+from . import codecs, distributed
 from .access import ShardVisit
 from .budget import TierPlan
 from .errors import ClosedError, StepFailedError
@@ -329,9 +329,13 @@ class Runtime:
             files += f"; {format_size(pins.pageable_bytes)} pageable (pinning failed)"
         fmt = ""
         if layout.encoded:
+            # Whether int8's codec runs compiled or in torch ops (2-3x apart) is worth a glance.
+            codec = ""
+            if layout.format.block_numel:
+                codec = "; codec compiled" if codecs.native_kernel() is not None else "; codec in torch ops"
             fmt = (
                 f" ({layout.format.name} moments, {layout.bytes_per_element:.3g} B/param; "
-                f"decode scratch {format_size(p.scratch_nbytes)})"
+                f"decode scratch {format_size(p.scratch_nbytes)}{codec})"
             )
         return (
             f"{layout.trainable_numel:,} trainable params, state {format_size(p.state_nbytes)}{fmt} in "

@@ -24,6 +24,9 @@ same bits as on the whole tensor) and moments only at block boundaries (the
 codec gives the same bytes as on the whole field), and blocks of parameters
 without a gradient are not touched, so the result equals decode -> kernel ->
 encode on whole shards, bit for bit, for any chunking and thread count.
+Where the compiled kernel passes its self-check (:mod:`tierstore.fused_update`),
+a worker runs a chunk's decode, kernel and encode in one compiled call instead,
+with the same bytes.
 
 Example
 -------
@@ -53,7 +56,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import codecs
+from . import codecs, fused_update
 from .dtensor import local_tensor
 from .errors import ParamsChangedError
 from .faults import crash_point
@@ -228,6 +231,7 @@ class ShardUpdate:
         self.shards = layout.shards_of(active)
         self.upload_event: Any = None  # the CUDA event of the last shard's parameter uploads
         self.ready: Any = None  # a CUDA event: the gradients and parameters are final (set behind the loop)
+        self._constants: dict[int, bytes] = {}  # the fused kernel's constants per parameter, this step
 
     def step_counts(self) -> None:
         """Advance the step count of every parameter taking part (before any shard is updated)."""
@@ -311,10 +315,23 @@ class ShardUpdate:
     ) -> None:
         """Decode -> fused kernel -> encode, chunk by chunk, on the workers (see the module docs)."""
         layout, fmt = self.layout, self.layout.format
-        fields = [f for f in layout.fields if f in MOMENT_FIELDS]
+        fields = [f for f in MOMENT_FIELDS if f in layout.fields]
         stored = {f: codecs.split(fmt, layout.stored_field(extent, shard, f), shard.capacity) for f in fields}
         chunk = update_chunk_numel(layout.max_capacity)
         chunks = active_chunks(work, block=layout.param_align, chunk=chunk, capacity=shard.capacity)
+        fused = fused_update.kernel() if fused_update.applies(fmt) else None
+        if fused is not None:
+            by_field = [stored[f] for f in fields]
+
+            def fused_one(worker: int, span: tuple[int, int]) -> None:
+                lo, hi = span
+                pieces, copies = self._fused_pieces(work, staging, master, lo, hi)
+                fused_update.update_chunk(fused, fmt, by_field, lo, hi, pieces)
+                for param, value in copies:
+                    param.copy_(value)
+
+            run_each(chunks, fused_one, threads=self.workers)
+            return
         scratch = self.scratch()
         per_worker = chunk * (len(fields) + 1)
         bn = fmt.block_numel or 1
@@ -337,6 +354,44 @@ class ShardUpdate:
 
         # As many workers as the scratch has room for (Layout.scratch_nbytes sized it for self.workers).
         run_each(chunks, one, threads=max(1, min(self.workers, scratch.numel() // per_worker)))
+
+    def _fused_pieces(
+        self,
+        work: Sequence[tuple[Any, ActiveParam]],
+        staging: Tensor | None,
+        master: Tensor | None,
+        lo: int,
+        hi: int,
+    ) -> tuple[list[fused_update.Piece], list[tuple[Tensor, Tensor]]]:
+        """The fused kernel's pieces of chunk ``[lo, hi)`` (as :meth:`_kernel` cuts them, gradients
+        staged), and the (parameter, master) copies left for parameters that are not fp32."""
+        pieces, copies = [], []
+        for seg, a in work:
+            s0, s1 = max(seg.shard_offset, lo), min(seg.shard_offset + seg.length, hi)
+            if s0 >= s1:
+                continue
+            p0 = seg.param_offset + s0 - seg.shard_offset
+            if a.staged:
+                if not a.grad_cuda:
+                    staging[s0:s1].copy_(a.grad[p0 : p0 + s1 - s0])
+                grad = staging.data_ptr() + 4 * s0
+            else:
+                grad = a.grad.data_ptr() + 4 * p0
+            out = 0
+            if master is None:
+                target = a.param.data_ptr() + 4 * p0
+            else:
+                target = master.data_ptr() + 4 * s0
+                if not a.cuda and a.param.dtype == torch.float32:
+                    out = a.param.data_ptr() + 4 * p0
+                elif not a.cuda:
+                    copies.append((a.param[p0 : p0 + s1 - s0], master[s0:s1]))
+            constants = self._constants.get(seg.param)
+            if constants is None:  # once per parameter and step (the step counts are final by now)
+                constants = self._constants[seg.param] = fused_update.constants(self.hypers[a.group], float(a.step))
+            pieces.append(fused_update.Piece(s0 - lo, s1 - s0, target, grad, out, constants))
+        pieces.sort(key=lambda p: p.start)
+        return pieces, copies
 
     def _stage_cuda_grads(self, work: list[tuple[Any, ActiveParam]], staging: Tensor) -> None:
         """Copy this shard's CUDA gradients to host staging (one sync per shard)."""

@@ -1,0 +1,165 @@
+"""The fused compressed update (:mod:`tierstore.fused_update`): the torch path's bytes, or not used at all.
+
+The kernel runs decode -> AdamW -> encode per block in C; every test here
+holds it to decode -> ``torch._fused_adamw_`` -> encode, bit for bit, or
+checks that a kernel which differs is refused and the torch path runs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tierstore import TieredAdamW, codecs, fused_update, native
+from tierstore.hyper import GroupHyper
+from tierstore.testing.formats import FormatOracle
+
+HAVE_CC = native._compiler() is not None
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """A process that has not built the kernel yet, with its own cache directory."""
+    monkeypatch.setenv("TIERSTORE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TIERSTORE_NATIVE", raising=False)
+    native.reset()
+    yield tmp_path
+    native.reset()
+
+
+def _need_fused():
+    k = fused_update.kernel()
+    if k is None:
+        pytest.skip(f"no fused kernel here: {fused_update.status()}")
+    return k
+
+
+hypers = st.builds(
+    GroupHyper,
+    lr=st.sampled_from([0.0, 1e-4, 1e-3, 0.1, 1.0]),
+    beta1=st.sampled_from([0.0, 0.3, 0.5, 0.9, 0.99]),
+    beta2=st.sampled_from([0.0, 0.5, 0.95, 0.999]),
+    weight_decay=st.sampled_from([0.0, 1e-2, 0.5]),
+    eps=st.sampled_from([0.0, 1e-8, 1e-3]),
+    amsgrad=st.booleans(),
+    maximize=st.booleans(),
+)
+
+
+@given(
+    fmt=st.sampled_from(["bfloat16", "int8"]),
+    lengths=st.lists(st.integers(1, 700), min_size=1, max_size=6),
+    gaps=st.lists(st.sampled_from([0, 64, 256, 300]), min_size=6, max_size=6),
+    hyper=st.lists(hypers, min_size=6, max_size=6),
+    steps=st.lists(st.integers(1, 20000), min_size=6, max_size=6),
+    rounds=st.integers(1, 3),
+    seed=st.integers(0, 2**31),
+)
+@settings(max_examples=80, deadline=None)
+def test_the_kernel_equals_decode_torch_fused_adamw_encode(fmt, lengths, gaps, hyper, steps, rounds, seed):
+    k = _need_fused()
+    fmt = codecs.FORMATS[fmt]
+    layout, at = [], 0
+    for numel, gap in zip(lengths, gaps):
+        at += gap
+        layout.append((at, numel))
+        at += numel
+    n = at + 37  # a partial last block, never touched
+    gen = torch.Generator().manual_seed(seed)
+    stored = [codecs.split(fmt, torch.zeros(fmt.encoded_nbytes(n), dtype=torch.uint8), n) for _ in codecs.FIELDS]
+    reference = [(c.clone(), None if s is None else s.clone()) for c, s in stored]
+    target = torch.randn(n, generator=gen)
+    expected = target.clone()
+    for r in range(rounds):
+        grads = [torch.randn(numel, generator=gen) * 10.0 ** float(-((i + r) % 6)) for i, (_, numel) in enumerate(layout)]
+        hs = hyper[: len(layout)]
+        st_ = [torch.tensor(float(s + r)) for s in steps[: len(layout)]]
+        out = torch.zeros(n)
+        pieces = [
+            fused_update.Piece(start, numel, target.data_ptr() + 4 * start, g.data_ptr(), out.data_ptr() + 4 * start,
+                               fused_update.constants(h, float(s)))
+            for (start, numel), g, h, s in zip(layout, grads, hs, st_)
+        ]  # fmt: skip
+        fused_update.update_chunk(k, fmt, stored, 0, n, pieces)
+        fused_update._reference(fmt, reference, n, layout, hs, st_, grads, [expected[s : s + c] for s, c in layout])
+        assert torch.equal(target.view(torch.int32), expected.view(torch.int32)), f"round {r}: masters differ"
+        for start, numel in layout:
+            assert torch.equal(out[start : start + numel], target[start : start + numel]), "param_out missed values"
+        for (c, s), (rc, rs) in zip(stored, reference):
+            assert torch.equal(c.view(torch.uint8), rc.view(torch.uint8)), f"round {r}: codes differ"
+            assert s is None or torch.equal(s.view(torch.int32), rs.view(torch.int32)), f"round {r}: scales differ"
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
+def test_tiered_adamw_runs_the_fused_kernel_and_equals_the_oracle(fmt, monkeypatch):
+    _need_fused()
+    calls = []
+    real = fused_update.update_chunk
+    monkeypatch.setattr(fused_update, "update_chunk", lambda *a: (calls.append(a[3:5]), real(*a)))
+    gen = torch.Generator().manual_seed(11)
+    shapes = [(300, 70), (1001,), (5,), (64, 64)]
+    mine = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in shapes]
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in mine]
+    groups = lambda ps: [{"params": ps[:2]}, {"params": ps[2:], "lr": 0.05, "betas": (0.4, 0.9), "maximize": True}]  # noqa: E731
+    with TieredAdamW(groups(mine), lr=1e-2, weight_decay=0.1, amsgrad=True, moment_dtype=fmt) as opt:
+        oracle = FormatOracle(groups(ref), lr=1e-2, weight_decay=0.1, amsgrad=True, moment_dtype=fmt)
+        for _ in range(4):
+            for a, b in zip(mine, ref):
+                g = torch.randn(a.shape, generator=gen)
+                a.grad, b.grad = g.clone(), g.clone()
+            opt.step()
+            oracle.step()
+            assert all(torch.equal(a, b) for a, b in zip(mine, ref))
+    assert calls, "the step did not go through the fused kernel"
+
+
+def test_inside_suspended_the_torch_path_runs():
+    with native.suspended():
+        assert fused_update.kernel() is None
+        assert fused_update.status().startswith("torch path")
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+def test_the_self_check_passes_on_this_torch_build(fresh):
+    if codecs.native_kernel() is None:
+        pytest.skip(native.status())
+    assert fused_update.kernel() is not None, fused_update.status()
+    assert fused_update.status() == "fused kernel"
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+@pytest.mark.parametrize(
+    "good, bad",
+    [
+        # The scalar tail without torch's FMA: differs in the last numel % 8 elements only.
+        (b"fmaf(v[i], b2, (c2 * gi) * gi)", b"v[i] * b2 + (c2 * gi) * gi"),
+        # A body that forgets weight decay.
+        (b"if (wd) pi = pi * wdf;\n        const float mi", b"const float mi"),
+    ],
+)
+def test_a_fused_kernel_that_differs_from_torch_is_refused(fresh, monkeypatch, caplog, good, bad):
+    source = native._source()
+    broken = source.replace(good, bad, 1)
+    assert broken != source
+    monkeypatch.setattr(native, "_source", lambda: broken)
+    with caplog.at_level(logging.WARNING, logger="tierstore.fused_update"):
+        assert fused_update.kernel() is None
+    assert "failed its self-check" in fused_update.status()
+    assert any("fused update is not used" in r.getMessage() for r in caplog.records)
+    assert codecs.native_kernel() is not None, "the codec part of the kernel is still good and used"
+    # The step takes the torch path and stays exact.
+    gen = torch.Generator().manual_seed(2)
+    mine = [torch.nn.Parameter(torch.randn(1003, generator=gen))]
+    ref = [torch.nn.Parameter(mine[0].detach().clone())]
+    with TieredAdamW(mine, lr=1e-2, weight_decay=0.1, moment_dtype="int8") as opt:
+        oracle = FormatOracle(ref, lr=1e-2, weight_decay=0.1, moment_dtype="int8")
+        for _ in range(3):
+            g = torch.randn(1003, generator=gen)
+            mine[0].grad, ref[0].grad = g.clone(), g.clone()
+            opt.step()
+            oracle.step()
+        assert torch.equal(mine[0], ref[0])

@@ -1,0 +1,252 @@
+"""The compressed update in one compiled pass per block: decode -> AdamW -> encode.
+
+A compressed shard's update (:class:`tierstore.update.ShardUpdate`) decodes
+each chunk's moments into fp32 scratch, runs ``torch._fused_adamw_`` on the
+chunk's parameter pieces and encodes the moments back: three passes over
+memory per moment, several op launches per chunk. Where the compiled kernel
+of :mod:`tierstore.native` can be built, ``ts_update`` does the same work
+block by block (256 elements on the stack, in L1): decode, AdamW, encode,
+one pass.
+
+Its AdamW is torch's fused CPU kernel written out operation by operation
+(``codec_kernel.c`` says which), so the bytes are the torch path's. That is a
+claim about the torch build in this process, so :func:`kernel` checks it
+once, against decode -> ``torch._fused_adamw_`` -> encode on pieces chosen
+to hit every rule (weight decay or not, maximize, amsgrad, both ``lerp``
+branches, every tail length, first and later steps, zeros, subnormals,
+non-finite gradients), and the update uses the kernel only where every bit
+agrees; otherwise it keeps the torch path and logs why.
+
+Example
+-------
+>>> k = kernel()  # None where no compiler, TIERSTORE_NATIVE=0, or a torch whose kernel differs
+>>> status().startswith(("fused", "torch path"))
+True
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import struct
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import codecs, native
+from .hyper import GroupHyper
+from .kernel import adamw
+
+log = logging.getLogger(__name__)
+
+#: ``ts_piece`` and ``ts_field`` of ``codec_kernel.c``, packed in native byte order.
+PIECE = struct.Struct("=3Q3q7fi")
+FIELD = struct.Struct("=4Q")
+_CONSTANTS = struct.Struct("=7fi")
+FORMAT_CODES = {"bfloat16": 1, "int8": 2}
+TILE_NUMEL = 256  # elements per block of a format without blocks (bfloat16): what stays in L1
+_WD, _MAXIMIZE, _AMSGRAD = 1, 2, 4
+
+_LOCK = threading.Lock()
+_STATE: dict[str, object] = {}  # "for": the Kernel checked, "ok": bool, "status": str
+
+
+def vector_width() -> int:
+    """Elements per ``Vectorized<float>`` of torch's CPU kernels in this process (the tail rule's width)."""
+    return 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
+
+
+def constants(hyper: GroupHyper, step: float) -> bytes:
+    """The per-tensor constants torch's fused kernel derives from ``hyper`` at ``step``, packed.
+
+    As ``FusedAdamKernel.cpp`` computes them: in double, each rounded to float
+    where the kernel converts it (``scalar_t(...)``).
+
+    Example
+    -------
+    >>> h = GroupHyper(lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+    >>> len(constants(h, 1.0))
+    32
+    """
+    lr, b1, b2, wd = hyper.lr, hyper.beta1, hyper.beta2, hyper.weight_decay
+    bias_correction1 = 1 - b1**step
+    bias_correction2 = 1 - b2**step
+    floats = np.array(
+        [1 - lr * wd, 1 - b1, b2, 1 - b2, math.sqrt(bias_correction2), hyper.eps, lr / bias_correction1],
+        dtype=np.float64,
+    )
+    with np.errstate(over="ignore"):  # as C's conversion: out of range becomes inf
+        f32 = floats.astype(np.float32)
+    flags = (_WD if wd != 0 else 0) | (_MAXIMIZE if hyper.maximize else 0) | (_AMSGRAD if hyper.amsgrad else 0)
+    return _CONSTANTS.pack(*f32.tolist(), flags)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One parameter piece of a chunk, as the kernel takes it (addresses of fp32 CPU memory)."""
+
+    start: int  # first element, relative to the chunk
+    numel: int
+    target: int  # address of the fp32 master (or fp32 parameter) updated in place
+    grad: int  # address of the fp32 gradient
+    param_out: int  # address of an fp32 parameter that takes the new values, or 0
+    constants: bytes  # :func:`constants`
+
+    def pack(self, vec: int) -> bytes:
+        head = PIECE.pack(self.target, self.grad, self.param_out, self.start, self.numel, vec, *[0.0] * 7, 0)
+        return head[: PIECE.size - _CONSTANTS.size] + self.constants
+
+
+def fields(fmt: codecs.MomentFormat, stored: Sequence[tuple[Tensor, Tensor | None]], lo: int) -> bytes:
+    """The packed fields of a chunk starting at element ``lo``: ``stored`` holds (codes, scales)
+    of exp_avg, exp_avg_sq and optionally max_exp_avg_sq, over the whole shard."""
+    out = []
+    for field, (codes, scales) in zip(codecs.FIELDS, stored):
+        if scales is None:
+            out.append(FIELD.pack(codes.data_ptr() + lo * codes.element_size(), 0, 0, 0))
+        else:
+            nearest, values = codecs.kernel_tables(fmt, field)
+            scales_at = scales.data_ptr() + 4 * (lo // fmt.block_numel)
+            out.append(FIELD.pack(codes.data_ptr() + lo, scales_at, nearest.data_ptr(), values.data_ptr()))
+    return b"".join(out)
+
+
+def block_numel(fmt: codecs.MomentFormat) -> int:
+    """Elements the kernel decodes, updates and encodes at a time in ``fmt``."""
+    return fmt.block_numel or TILE_NUMEL
+
+
+def update_chunk(
+    k: native.Kernel,
+    fmt: codecs.MomentFormat,
+    stored: Sequence[tuple[Tensor, Tensor | None]],
+    lo: int,
+    hi: int,
+    pieces: Sequence[Piece],
+) -> None:
+    """Update chunk ``[lo, hi)`` of a shard whose fields are ``stored`` (sorted, disjoint ``pieces``)."""
+    vec = vector_width()
+    packed = b"".join(p.pack(vec) for p in pieces)
+    k.update(FORMAT_CODES[fmt.name], hi - lo, block_numel(fmt), fields(fmt, stored, lo), len(stored), packed, len(pieces))
+
+
+def applies(fmt: codecs.MomentFormat) -> bool:
+    """Whether the kernel implements ``fmt`` (the registered compressed formats, rounding to nearest)."""
+    return fmt.name in FORMAT_CODES and fmt.rounding == "nearest" and block_numel(fmt) <= native.MAX_BLOCK
+
+
+def kernel() -> native.Kernel | None:
+    """The compiled kernel where its fused update matches the torch path bit for bit, else None.
+
+    Decided once per loaded kernel (:func:`tierstore.codecs.native_kernel`);
+    None inside :func:`tierstore.native.suspended` too.
+    """
+    k = codecs.native_kernel()
+    if k is None:
+        return None
+    if _STATE.get("for") is not k:
+        with _LOCK:
+            if _STATE.get("for") is not k:
+                mismatch = _self_check(k)
+                if mismatch is not None:
+                    log.warning("tierstore: the fused update is not used: %s (%s)", mismatch, k.path)
+                _STATE.update({"for": k, "ok": mismatch is None, "status": "fused kernel" if mismatch is None
+                               else f"torch path (the fused update failed its self-check: {mismatch})"})
+    return k if _STATE["ok"] else None
+
+
+def status() -> str:
+    """How compressed updates run: ``"fused kernel"`` or ``"torch path (<why>)"`` (decides if undecided)."""
+    if kernel() is None and codecs.native_kernel() is None:
+        return f"torch path (int8 codec: {native.status()})"
+    return str(_STATE["status"])
+
+
+# -- the self-check ---------------------------------------------------------------------
+
+
+def _case_pieces(vec: int, variants: int) -> list[tuple[int, int]]:
+    """(start, numel) of pieces with every tail length 0..vec-1 for each of ``variants`` hyperparameter
+    sets (piece i takes set i % variants), inside, across and at the end of blocks, with gaps between
+    some (the elements of parameters without a gradient)."""
+    out, at = [], 0
+    for i in range(vec * variants):
+        tail = i // variants
+        numel = 64 * (1 + i % 3) + tail
+        out.append((at, numel))
+        at += -(-numel // 64) * 64 + (64 if i % 2 else 0)
+    return out
+
+
+def _reference(fmt, stored, n, pieces, hypers, steps, grads, targets) -> None:  # noqa: ANN001
+    """decode -> torch._fused_adamw_ per piece -> encode: the torch path of one chunk."""
+    moments = []
+    for field, (codes, scales) in zip(codecs.FIELDS, stored):
+        out = torch.empty(n)
+        codecs.decode_chunk(fmt, field, codes, scales, out)
+        moments.append(out)
+    for (start, numel), hyper, step, g, t in zip(pieces, hypers, steps, grads, targets):
+        s = slice(start, start + numel)
+        maxs = [moments[2][s]] if hyper.amsgrad else []
+        adamw([t], [g], [moments[0][s]], [moments[1][s]], maxs, [step], **hyper.kernel_kwargs())
+    for field, (codes, scales), m in zip(codecs.FIELDS, stored, moments):
+        codecs.encode_chunk(fmt, field, m, codes, scales, temp=m)
+
+
+def _self_check(k: native.Kernel) -> str | None:
+    """Why the fused update differs from the torch path (None when it does not)."""
+    vec = vector_width()
+    gen = torch.Generator().manual_seed(1)
+    variants = [
+        GroupHyper(lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=1e-2, eps=1e-8, amsgrad=False, maximize=False),
+        GroupHyper(lr=3e-2, beta1=0.3, beta2=0.95, weight_decay=0.0, eps=1e-6, amsgrad=True, maximize=True),
+        GroupHyper(lr=1e-4, beta1=0.0, beta2=0.5, weight_decay=0.1, eps=0.0, amsgrad=True, maximize=False),
+        GroupHyper(lr=0.5, beta1=0.99, beta2=0.0, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=True),
+    ]
+    layout = _case_pieces(vec, len(variants))
+    n = -(-(layout[-1][0] + layout[-1][1]) // 256) * 256
+    for fmt in (codecs.FORMATS["bfloat16"], codecs.FORMATS["int8"]):
+        for round_ in range(3):  # a first step from zeros, then later steps on what it left
+            if round_ == 0:  # zero bytes: zero moments
+                stored_ref = [codecs.split(fmt, torch.zeros(fmt.encoded_nbytes(n), dtype=torch.uint8), n)
+                              for _ in codecs.FIELDS]  # fmt: skip
+                targets = torch.randn(n, generator=gen)
+            hypers = [variants[i % len(variants)] for i in range(len(layout))]
+            steps = [torch.tensor(float(1 + round_ * (7 + i))) for i in range(len(layout))]
+            grads = []
+            for i, (_, numel) in enumerate(layout):
+                g = torch.randn(numel, generator=gen) * 10.0 ** float(-(i % 5))
+                if i % 4 == 1:
+                    g[::5] = 0.0
+                if i % 7 == 3:
+                    g[1] = 1e-41
+                if round_ == 2 and i in (5, 9, 10, 14):  # non-finite gradients in bodies and tails
+                    g[2 if i == 5 else -1] = float("nan") if i != 14 else float("inf")
+                grads.append(g)
+            stored = [(c.clone(), None if s is None else s.clone()) for c, s in stored_ref]
+            mine = targets.clone()
+            out = torch.empty(n).fill_(7.0)
+            pieces = [
+                Piece(start, numel, mine.data_ptr() + 4 * start, g.data_ptr(),
+                      out.data_ptr() + 4 * start if i % 2 else 0, constants(h, float(st)))
+                for i, ((start, numel), g, h, st) in enumerate(zip(layout, grads, hypers, steps))
+            ]  # fmt: skip
+            update_chunk(k, fmt, stored, 0, n, pieces)
+            ref_targets = [targets[s : s + c] for s, c in layout]
+            _reference(fmt, stored_ref, n, layout, hypers, steps, grads, ref_targets)
+            for (c, s), (rc, rs) in zip(stored, stored_ref):
+                if not torch.equal(c.view(torch.uint8), rc.view(torch.uint8)) or (
+                    s is not None and not torch.equal(s.view(torch.int32), rs.view(torch.int32))
+                ):
+                    return f"{fmt.name} moments differ from decode -> torch._fused_adamw_ -> encode (step {round_ + 1})"
+            if not torch.equal(mine.view(torch.int32), targets.view(torch.int32)):
+                return f"{fmt.name} parameters differ from torch._fused_adamw_ (step {round_ + 1})"
+            for i, (start, numel) in enumerate(layout):
+                want = targets[start : start + numel] if i % 2 else torch.full((numel,), 7.0)
+                if not torch.equal(out[start : start + numel].view(torch.int32), want.view(torch.int32)):
+                    return f"{fmt.name}: param_out does not receive the new values"
+    return None
