@@ -19,7 +19,7 @@ import torch
 from tierstore.benchmarks import codec_speed
 from tierstore.benchmarks.report import machine_info
 
-DEFAULT_FORMATS = "float32,bfloat16,int8,int8@torch,bfloat16-stochastic,int8-stochastic"
+DEFAULT_FORMATS = "float32,bfloat16,bfloat16@torch,int8,int8@torch,bfloat16-stochastic,int8-stochastic"
 
 
 def _count(text: str) -> int:

@@ -9,8 +9,10 @@ float32, per round, median) is what the targets compare:
 
 - ``bfloat16`` <= 0.72x and ``int8`` <= 0.60x the ``float32`` step time;
 - at the same budget, how many more shards (and parameters) stay resident;
-- ``int8@torch``: int8 with its codec in torch ops (the compiled kernel of
-  ``tierstore.native`` set aside), to see what the kernel buys.
+- ``int8@torch`` (any ``<format>@torch``): the format's update in torch ops
+  (decode, ``torch._fused_adamw_``, encode; the compiled kernel of
+  ``tierstore.native`` and ``tierstore.fused_update`` set aside), to see what
+  the kernel buys.
 
 The load average is sampled before every round and reported (the dev machine
 is shared). Needs 4 B/param of gradients plus, per format, 4 B/param of
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=1 / 8, help="ram_budget as a share of the float32 state")
     parser.add_argument("--formats", default=",".join(FORMATS),
                         help="moment_dtype values, the first is the baseline; NAME:N runs NAME with update_threads=N; "
-                             "int8@torch runs int8 without the compiled codec kernel (torch ops)")
+                             "NAME@torch runs NAME's update in torch ops (no compiled kernel)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-master", action="store_true", help="keep_master=False (8 B/param in float32)")
     parser.add_argument("--durable", action="store_true", help="durable=True (a commit per step)")
@@ -116,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                                      shard_numel=shard_numel, update_threads=int(threads) if threads else args.update_threads)
             with run["codec"]():
                 run["opt"].step()  # warm-up
-            print(f"{entry}: {run['opt'].describe()}", flush=True)
+                run["describe"] = run["opt"].describe()
+            print(f"{entry}: {run['describe']}", flush=True)
         for r in range(args.rounds):
             loads.append(os.getloadavg()[0])
             order = runs[r % len(runs):] + runs[: r % len(runs)]
@@ -147,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 "resident_shards": len(plan.resident),
                 "resident_params": sum(opt.layout.shards[i].capacity for i in plan.resident),
                 "arena_bytes": plan.arena_nbytes, "scratch_bytes": plan.scratch_nbytes, "ram_bytes": plan.ram_nbytes,
-                "describe": opt.describe(),
+                "describe": run["describe"],
             })
     finally:
         for run in runs:

@@ -300,7 +300,8 @@ def test_resuming_with_another_moment_dtype_names_the_fix(tmp_path, saved, mine)
     "value, error, match",
     [
         ("fp8", ConfigError, r"moment_dtype='fp8' is unknown; use one of \['bfloat16', 'float32', 'int8'\]"),
-        (torch.bfloat16, ConfigError, "moment_dtype=torch.bfloat16 is unknown"),
+        (torch.float16, ConfigError, r"float16 moments are not offered .*use 'bfloat16'"),
+        ("fp16", ConfigError, r"moment_dtype='fp16': float16 moments are not offered"),
         (None, ConfigError, "moment_dtype=None is unknown"),
         (8, ConfigError, "moment_dtype=8 is unknown"),
         (codecs.MomentFormat("int8-stochastic", 1, 256, rounding="stochastic", sqrt_second=True), ConfigError,
@@ -311,6 +312,20 @@ def test_a_bad_moment_dtype_is_refused_naming_the_choices(value, error, match, t
     with pytest.raises(error, match=match):
         TieredAdamW([torch.nn.Parameter(torch.ones(3))], moment_dtype=value, state_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []  # refused before anything was created
+
+
+@pytest.mark.parametrize(
+    "alias, name", [(torch.bfloat16, "bfloat16"), ("bf16", "bfloat16"), (torch.int8, "int8"), (torch.float32, "float32"),
+                    ("fp32", "float32")],
+)
+def test_torch_dtypes_and_short_names_are_the_same_format(alias, name, tmp_path):
+    p = [torch.nn.Parameter(torch.ones(300))]
+    p[0].grad = torch.ones(300)
+    with TieredAdamW(p, moment_dtype=alias, state_dir=tmp_path / "a") as opt:
+        opt.step()
+        assert opt.moment_dtype == name
+    with TieredAdamW(p, moment_dtype=name, state_dir=tmp_path / "a", resume=True) as opt:  # same identity
+        assert opt.step_count == 1
 
 
 # -- budgets: more shards resident, scratch counted ------------------------------------------------------

@@ -195,8 +195,18 @@ FORMATS: dict[str, MomentFormat] = {
 DEFAULT_FORMAT = FORMATS["float32"]
 
 
-def moment_format(name: str | MomentFormat) -> MomentFormat:
+#: Other names users write for a format: torch dtypes and the usual short names.
+ALIASES: dict[object, str] = {
+    "fp32": "float32", "bf16": "bfloat16", torch.float32: "float32", torch.bfloat16: "bfloat16", torch.int8: "int8",
+}  # fmt: skip
+_NOT_OFFERED = ("float16", "fp16", "half", torch.float16)
+
+
+def moment_format(name: str | MomentFormat | torch.dtype) -> MomentFormat:
     """The :class:`MomentFormat` called ``name`` (a format record passes through).
+
+    ``name`` is a format's name or one of :data:`ALIASES` (``torch.bfloat16``,
+    ``"bf16"``, ``torch.int8`` ...).
 
     Raises
     ------
@@ -207,12 +217,19 @@ def moment_format(name: str | MomentFormat) -> MomentFormat:
     -------
     >>> moment_format("bfloat16").bytes_per_element
     2.0
+    >>> moment_format(torch.int8).name
+    'int8'
     """
     if isinstance(name, MomentFormat):
         return name
     try:
-        return FORMATS[name]
+        return FORMATS[ALIASES.get(name, name)]
     except (KeyError, TypeError):
+        if name in _NOT_OFFERED:
+            raise ConfigError(
+                f"moment_dtype={name!r}: float16 moments are not offered (exp_avg_sq underflows float16's "
+                "range); use 'bfloat16' (the same 2 bytes, float32's range) or 'int8'"
+            ) from None
         raise ConfigError(
             f"moment_dtype={name!r} is unknown; use one of {sorted(FORMATS)} (float32 is the "
             "default and bitwise equal to torch.optim.AdamW)"

@@ -105,7 +105,9 @@ class TieredAdamW(torch.optim.Optimizer):
         How the moments are stored, in RAM and on disk: ``"float32"`` (the
         default: bitwise equal to ``torch.optim.AdamW(fused=True)``),
         ``"bfloat16"`` or ``"int8"`` (blockwise quantized); the update runs in
-        fp32 either way. Part of the state's identity. See ``docs/formats.md``.
+        fp32 either way. ``torch.float32``/``torch.bfloat16``/``torch.int8``
+        and ``"fp32"``/``"bf16"`` name the same formats. Part of the state's
+        identity. See ``docs/formats.md``.
     pin_memory
         Pin host buffers for CUDA; ``None`` pins exactly when CUDA is available.
     update_threads
@@ -176,7 +178,7 @@ class TieredAdamW(torch.optim.Optimizer):
         io_workers: int = 8,
         request_bytes: int = 1 << 20,
         keep_master: bool | None = None,
-        moment_dtype: str = "float32",
+        moment_dtype: str | torch.dtype = "float32",
         pin_memory: bool | None = None,
         update_threads: int | None = None,
         durable: bool | None = None,

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import codecs, distributed
+from . import codecs, distributed, fused_update
 from .access import ShardVisit
 from .budget import TierPlan
 from .errors import ClosedError, StepFailedError
@@ -329,10 +329,13 @@ class Runtime:
             files += f"; {format_size(pins.pageable_bytes)} pageable (pinning failed)"
         fmt = ""
         if layout.encoded:
-            # Whether int8's codec runs compiled or in torch ops (2-3x apart) is worth a glance.
-            codec = ""
-            if layout.format.block_numel:
-                codec = "; codec compiled" if codecs.native_kernel() is not None else "; codec in torch ops"
+            # How the update runs (compiled and fused, or torch ops: 1.5-3x apart) is worth a glance.
+            if fused_update.applies(layout.format) and fused_update.kernel() is not None:
+                codec = "; update compiled"
+            elif layout.format.block_numel and codecs.native_kernel() is not None:
+                codec = "; codec compiled, kernel in torch"
+            else:
+                codec = "; update in torch ops"
             fmt = (
                 f" ({layout.format.name} moments, {layout.bytes_per_element:.3g} B/param; "
                 f"decode scratch {format_size(p.scratch_nbytes)}{codec})"

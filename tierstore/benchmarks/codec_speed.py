@@ -8,13 +8,14 @@ the ratios hold on a machine whose speed drifts. Reported in elements
 - ``copy``: ``dst.copy_(src)`` of fp32 (what a float32 "codec" costs at best);
 - ``adamw``: the fused AdamW kernel on ``numel`` parameters (reads and writes
   param, exp_avg, exp_avg_sq; reads the gradient);
-- per format and field: ``decode`` and ``encode`` (``int8@torch``: int8 in torch
-  ops, without the compiled kernel of :mod:`tierstore.native`).
-
+- per format and field: ``decode`` and ``encode`` (``<format>@torch``: in torch
+  ops, without the compiled kernel of :mod:`tierstore.native`);
 - per format, ``update/<format>``: a whole step of ``TieredAdamW(moment_dtype=...,
   keep_master=True)`` over ``numel`` resident parameters: the one math as the
-  optimizer runs it (decode, fused kernel, encode, masters into the
-  parameters, chunk by chunk on ``threads`` workers), no I/O.
+  optimizer runs it (the compiled fused update of :mod:`tierstore.fused_update`
+  where it is used, else decode, fused kernel, encode; ``@torch``: always the
+  latter, in torch ops; masters into the parameters; chunk by chunk on
+  ``threads`` workers), no I/O.
 
 ``summary`` gives per format the params/s of a whole step's codec work (decode
 both moments, encode both moments) and its ratio to the fused kernel, the
