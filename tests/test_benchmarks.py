@@ -300,13 +300,14 @@ def test_workload_sizes_add_up():
         assert sum(workload.param_sizes(n)) == n
 
 
-def test_bench_step_runs_each_moment_dtype_and_pairs_it_with_float32(tmp_path, capsys):
+@pytest.mark.parametrize("names", ["float32,bfloat16,int8", "fp32,bf16,int8"])  # aliases name the same runs
+def test_bench_step_runs_each_moment_dtype_and_pairs_it_with_float32(tmp_path, capsys, names):
     drive = tmp_path / "drive"
     drive.mkdir()
     out = tmp_path / "step.json"
     rc = main(["bench", "step", "--params", "1e6", "--ram-budget", "1/8", "--dir", str(drive), "--steps", "2",
                "--warmup", "0", "--shard-numel", "16384", "--skip", "ram,torch,peer,floor,footprint", "--keep-master",
-               "--moment-dtype", "float32,bfloat16,int8", "--json", str(out)])
+               "--moment-dtype", names, "--json", str(out)])
     assert rc == 0 and _files(drive) == []
     s = json.loads(out.read_text())["summary"]
     assert set(s["disk"]) == {"tierstore-disk", "tierstore-disk-bfloat16", "tierstore-disk-int8"}

@@ -42,6 +42,7 @@ from tierstore.checkpoint import (
 from tierstore.errors import BudgetError, CorruptStateError
 from tierstore.layout import Layout
 from tierstore.reader import StateReader
+from tierstore.sizes import parse_size
 from tierstore.testing.formats import FormatOracle
 
 COMPRESSED = ("bfloat16", "int8")
@@ -682,6 +683,28 @@ def test_the_planner_counts_bytes_per_param_by_format():
     layout = Layout.build([[w]], shard_numel=1 << 16, fields=plans["int8"].fields, moment_dtype="int8")
     tiers = plan_tiers(layout, ram_budget=None, arena_slots=4)
     assert tiers.state_nbytes == layout.state_nbytes
+
+
+def test_the_planner_cli_takes_format_aliases(capsys):
+    from tierstore.cli import main
+
+    assert main(["plan", "--params", "1e8", "--moment-dtype", "bf16", "--host-ram", "64GiB", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["state_bytes_per_param"] == 4
+
+
+@pytest.mark.parametrize("budget", [None, "64KiB", "1MiB"])
+def test_a_compressed_format_needs_less_ram_than_float32(budget):
+    """The decode scratch and page padding stay small where everything is resident: the automatic
+    shard size counts them. A tiny model (page padding is most of its state) still fits the budget."""
+    tiny, model = torch.nn.Linear(64, 64), torch.nn.Sequential(*[torch.nn.Linear(512, 640) for _ in range(3)])
+    for m in (tiny, model):
+        ram = {}
+        for fmt in FORMATS:
+            with TieredAdamW(m.parameters(), moment_dtype=fmt, ram_budget=budget) as opt:
+                ram[fmt] = opt.plan.ram_nbytes
+                assert budget is None or ram[fmt] <= parse_size(budget)
+        if m is model and budget is None:
+            assert ram["int8"] < ram["bfloat16"] < ram["float32"], ram
 
 
 # -- behind the training loop ---------------------------------------------------------------------------

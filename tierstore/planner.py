@@ -67,7 +67,7 @@ from pathlib import Path
 import torch
 
 from .budget import OVERHEAD_BYTES, TierPlan, plan_tiers, staging_nbytes
-from .codecs import FORMATS
+from .codecs import FORMATS, moment_format
 from .errors import BudgetError, ConfigError
 from .factory import resolve
 from .grad_offload import DEFAULT_BUCKET_BYTES
@@ -283,6 +283,14 @@ def _size(value: int | str | None, name: str, *, allow_zero: bool = False) -> in
     if nbytes == 0 and not allow_zero:
         raise ConfigError(f"{name}={value!r} is zero; give a size > 0 such as '80GB' or '512GiB'")
     return nbytes
+
+
+def _moment_dtype(value: str) -> str:
+    """``--moment-dtype``: a format's name or alias (``bf16``), as its canonical name."""
+    try:
+        return moment_format(value).name
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _rate(value: float | str | None, name: str) -> float | None:
@@ -988,7 +996,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frozen", default="0", help="frozen parameters (with --params): weights only")
     parser.add_argument("--precision", choices=sorted(PRECISIONS), help="fp32, or bf16/fp16 mixed precision with an fp32 master (default: fp32, or the model's dtype)")
     parser.add_argument("--amsgrad", action="store_true", help="AdamW with amsgrad (+4 B/param)")
-    parser.add_argument("--moment-dtype", default="float32", choices=sorted(MOMENT_BYTES), help="how the moments are stored (default float32: bitwise torch AdamW; bfloat16: 2 B, int8: 1.016 B per moment element)")
+    parser.add_argument("--moment-dtype", default="float32", type=_moment_dtype, help="how the moments are stored (default float32: bitwise torch AdamW; bfloat16 or bf16: 2 B, int8: 1.016 B per moment element)")
     parser.add_argument("--gpu-memory", metavar="SIZE", help="the model trains on a GPU with this much memory, e.g. 80GB")
     parser.add_argument("--gpu", action="store_true", help="the model trains on a GPU of unknown size")
     parser.add_argument("--host-ram", metavar="SIZE", help="host RAM, e.g. 512GiB (default: this machine's)")

@@ -336,8 +336,12 @@ class Runtime:
                 codec = "; codec compiled, kernel in torch"
             else:
                 codec = "; update in torch ops"
+            per_param = layout.bytes_per_element
+            actual = p.state_nbytes / max(1, layout.trainable_numel)
+            # Small shards: each field's page padding can eat what the format saves.
+            padded = f", {actual:.3g} with page padding at this shard size" if actual > 1.1 * per_param else ""
             fmt = (
-                f" ({layout.format.name} moments, {layout.bytes_per_element:.3g} B/param; "
+                f" ({layout.format.name} moments, {per_param:.3g} B/param{padded}; "
                 f"decode scratch {format_size(p.scratch_nbytes)}{codec})"
             )
         return (

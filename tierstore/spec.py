@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .codecs import MomentFormat
+from .codecs import FIELD_ALIGN, MomentFormat
 from .dtensor import local_tensor
 from .errors import ConfigError
 from .layout import (
@@ -104,7 +104,8 @@ def decide(
             arena_slots=arena_slots,
             staging_buffers=staging,
             stored_bytes=_stored_bytes_per_element(fields, fmt),
-            scratch_bytes=0.0 if fmt.exact else float(len(fields) * STATE_ITEMSIZE),
+            # Layout.scratch_nbytes: a shard's wide form, or the update's chunk of every moment plus one
+            scratch_bytes=0.0 if fmt.exact else float(max(len(fields), _moments(fields) + 1) * STATE_ITEMSIZE),
         )
     return StateSpec(
         fields=fields,
@@ -118,6 +119,10 @@ def decide(
         moment_format=fmt,
         workers=workers,
     )
+
+
+def _moments(fields: Iterable[str]) -> int:
+    return sum(f in MOMENT_FIELDS for f in fields)
 
 
 def _stored_bytes_per_element(fields: Iterable[str], fmt: MomentFormat) -> float:
@@ -181,8 +186,24 @@ def auto_shard_numel(
     stored = nfields * STATE_ITEMSIZE if stored_bytes is None else stored_bytes
     size = DEFAULT_SHARD_NUMEL
     per_shard = staging_buffers * STATE_ITEMSIZE + scratch_bytes  # bytes per element of one shard
-    if ram_budget is None or numel * stored + per_shard * min(size, numel) <= ram_budget:
-        return RESIDENT_SHARD_NUMEL if staging_buffers == 0 and not scratch_bytes else size
+
+    def resident_bytes(size: int) -> float:  # everything in RAM: the state (fields padded to pages), one shard's buffers
+        return numel * stored + nfields * FIELD_ALIGN * -(-numel // size) + per_shard * min(size, numel)
+
+    def resident(size: int) -> bool:
+        return ram_budget is None or resident_bytes(size) <= ram_budget
+
+    if not scratch_bytes:
+        if resident(size):
+            return RESIDENT_SHARD_NUMEL if staging_buffers == 0 else size
+    else:
+        # A compressed format's decode scratch is one shard's fp32 form, and each field of a
+        # shard is padded to a page: where everything stays resident, the size with the least
+        # RAM (the largest within 5% of it: fewer shards).
+        sizes = [s for s in (MIN_AUTO_SHARD_NUMEL << k for k in range(13)) if s <= size and resident(s)]
+        if sizes:
+            least = min(resident_bytes(s) for s in sizes)
+            return max(s for s in sizes if resident_bytes(s) <= 1.05 * least)
     while size > MIN_AUTO_SHARD_NUMEL and (arena_slots * stored + per_shard) * size > ram_budget // 2:
         size //= 2
     return size

@@ -160,9 +160,8 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     backends = [b.strip() for b in args.backend.split(",") if b.strip()]
     backends = [resolve_backend(b, directory) for b in backends]
     request_bytes = parse_size(args.request_bytes, name="--request-bytes")
-    formats = [f.strip() for f in str(args.moment_dtype).split(",") if f.strip()]
-    for name in formats:
-        layout_format(name)  # an unknown name fails here, naming the known ones
+    # Canonical names ("bf16" -> "bfloat16"): an unknown name fails here, naming the known ones.
+    formats = [layout_format(f.strip()).name for f in str(args.moment_dtype).split(",") if f.strip()]
     if not formats or len(set(formats)) != len(formats):
         raise ConfigError(f"--moment-dtype {args.moment_dtype!r}: list each format once, e.g. float32,bfloat16,int8")
     return {
