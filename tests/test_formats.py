@@ -522,10 +522,13 @@ def test_cli_inspect_verify_export_to_torch_and_plan(tmp_path):
 
     out = cli("inspect", state)
     assert out.returncode == 0 and "moments in int8, 7.05 B/param" in out.stdout, out.stdout + out.stderr
-    assert json.loads(cli("inspect", state, "--json").stdout)["layout"]["moment_dtype"] == "int8"
+    info = json.loads(cli("inspect", state, "--json").stdout)
+    assert info["layout"]["moment_dtype"] == info["moment_dtype"] == "int8"
     assert cli("verify", state, "--no-progress").returncode == 0
     assert cli("export", state, str(tmp_path / "e.zarr"), "--no-progress").returncode == 0
-    assert cli("verify", str(tmp_path / "e.zarr"), "--no-progress").returncode == 0
+    checked = cli("verify", str(tmp_path / "e.zarr"), "--no-progress")
+    # master, exp_avg, exp_avg_sq, max_exp_avg_sq and the three moments' scales
+    assert checked.returncode == 0 and "every chunk of 7 arrays" in checked.stdout, checked.stdout
     assert cli("to-torch", state, str(tmp_path / "sd.pt")).returncode == 0
     sd = torch.load(tmp_path / "sd.pt", weights_only=True)
     assert sd["state"][0]["exp_avg"].dtype == torch.float32

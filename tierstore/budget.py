@@ -35,7 +35,9 @@ MIN_ARENA_SLOTS = 2  # one slot computing while the next one is read
 #: interpreter objects and library pages of its modules, thread stacks of the I/O
 #: workers, per-shard records, small temporaries, the two gradient buckets of
 #: ``attach`` on a GPU (2 x 4 MiB), a checkpoint's 1 MiB scratch, a DCP save's block
-#: buffer (2 MiB per writer thread) or a DCP load's chunk in flight. Measured as peak
+#: buffer (2 MiB per writer thread) or a DCP load's chunk in flight; with a compressed
+#: format, once per process, the int8 lookup tables (2.3 MiB) and the library pages the
+#: compiled kernel's load-time self-checks bring in (about 7 MiB). Measured as peak
 #: RSS growth by ``tests/test_ram_budget.py``; the planner adds it to every total.
 OVERHEAD_BYTES = 16 << 20  # 16 MiB
 

@@ -294,10 +294,15 @@ class _Int8Tables:
     decode: Tensor  # 256 int32: the fp32 bits of the values, then NaN for NONFINITE_CODE
     nearest: Tensor  # 2**20 uint8: the nearest code of every 20-bit bucket of y's bits (allocation padded by 64)
     # Stochastic rounding (floor, then up at random); fp32 tables hold int32 bit patterns.
-    floor_start: Tensor  # 65536 int32: count(values <= lowest value of bf16 bucket) - 1
     floor_next: Tensor  # 256: values[c+1] (+inf past the end)
     floor_value: Tensor  # 256: values[c]
     floor_inv_gap: Tensor  # 256: inv_gap[c] (0 past the end)
+
+    @functools.cached_property
+    def floor_start(self) -> Tensor:
+        """65536 int32: count(values <= lowest value of bf16 bucket) - 1 (built when stochastic
+        rounding first needs it: its temporaries are a few MiB of RSS the nearest formats never use)."""
+        return torch.from_numpy(np.maximum(_bucket_start(self.values) - 1, 0))
 
 
 def _bucket_start(points: np.ndarray) -> np.ndarray:
@@ -364,9 +369,10 @@ def _int8_tables(kind: str) -> _Int8Tables:
     # boundaries are on the bucket grid): one lookup per element, no comparison.
     # Padded: the compiled kernel's 4-byte gathers read up to 3 bytes past the last entry.
     nearest = np.zeros(_BUCKETS + 64, np.uint8)
-    for lo in range(0, _BUCKETS, 1 << 16):  # in pieces: the temporaries stay small (peak RSS)
-        first = (np.arange(lo, lo + (1 << 16), dtype=np.uint32) << BUCKET_SHIFT).view(np.float32)
-        nearest[lo : lo + (1 << 16)] = _nearest_codes(signed, boundaries, first)
+    piece = 1 << 14
+    for lo in range(0, _BUCKETS, piece):  # in pieces: the temporaries stay small (peak RSS)
+        first = (np.arange(lo, lo + piece, dtype=np.uint32) << BUCKET_SHIFT).view(np.float32)
+        nearest[lo : lo + piece] = _nearest_codes(signed, boundaries, first)
     assert np.array_equal(_nearest_codes(signed, boundaries, values), np.arange(255)), "a map value moved"
     return _Int8Tables(
         signed=signed,
@@ -375,7 +381,6 @@ def _int8_tables(kind: str) -> _Int8Tables:
         inv_gap=inv_gap,
         decode=pad(values, np.nan),
         nearest=torch.from_numpy(nearest)[:_BUCKETS],
-        floor_start=torch.from_numpy(np.maximum(_bucket_start(values) - 1, 0)),
         floor_next=pad(values[1:], inf),
         floor_value=pad(values, 0),
         floor_inv_gap=pad(inv_gap, 0),

@@ -131,6 +131,7 @@ def describe_statedir(path: str | os.PathLike) -> dict[str, Any]:
             "tierstore_version": m.get("tierstore_version"),
             "format_version": m.get("format_version"),
             "backend": m.get("backend"),
+            "moment_dtype": layout.format.name,
             "layout": _layout_summary(layout, m["fingerprint"]),
             "bytes": {
                 "state_per_copy": layout.state_nbytes,
@@ -175,6 +176,7 @@ def describe_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         "format_version": attrs["format_version"],
         "checksum": attrs.get("checksum"),
         "arrays": attrs["arrays"],
+        "moment_dtype": layout.format.name,
         "layout": _layout_summary(layout, attrs["fingerprint"]),
         "bytes": {"state": layout.state_nbytes, "files": arrays_bytes},
         "param_steps": _steps_summary(attrs["param_steps"]),
@@ -276,7 +278,8 @@ def _verify_checkpoint(path: Path, no_progress: bool) -> int:
     if info.get("checksum") is None:
         print(f"ok: {path} has every chunk (it was written without checksums, so their bytes cannot be checked)")
     else:
-        print(f"ok: step {info['step_count']}, every chunk of {len(info['arrays'])} arrays matches its {info['checksum']} checksum")
+        arrays = len(info["arrays"]) + len(info.get("scale_arrays") or {})  # int8 moments have a scales array each
+        print(f"ok: step {info['step_count']}, every chunk of {arrays} arrays matches its {info['checksum']} checksum")
     return EXIT_OK
 
 
