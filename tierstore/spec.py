@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .codecs import FIELD_ALIGN, MomentFormat
+from .codecs import CHUNK_NUMEL, FIELD_ALIGN, MomentFormat
 from .dtensor import local_tensor
 from .errors import ConfigError
 from .layout import (
@@ -106,6 +106,7 @@ def decide(
             stored_bytes=_stored_bytes_per_element(fields, fmt),
             # Layout.scratch_nbytes: a shard's wide form, or the update's chunk of every moment plus one
             scratch_bytes=0.0 if fmt.exact else float(max(len(fields), _moments(fields) + 1) * STATE_ITEMSIZE),
+            workers=workers,
         )
     return StateSpec(
         fields=fields,
@@ -168,12 +169,14 @@ def auto_shard_numel(
     staging_buffers: int,
     stored_bytes: float | None = None,
     scratch_bytes: float = 0.0,
+    workers: int = 1,
 ) -> int:
     """Largest power-of-two shard size up to 4 Mi whose arena, staging and scratch fit in half the budget.
 
     ``stored_bytes`` is what one element takes in a shard's extent (default:
     ``nfields`` fp32 fields), ``scratch_bytes`` what a compressed format's
-    decode scratch takes per element of one shard. When everything stays
+    decode scratch takes per element of one shard, ``workers`` the threads a
+    compressed update runs a shard's chunks on. When everything stays
     resident and nothing is staged or decoded, shards are 16 Mi: each shard
     piece is one call of the fused kernel, and fewer calls run closer to
     torch's one call per parameter.
@@ -200,10 +203,16 @@ def auto_shard_numel(
         # A compressed format's decode scratch is one shard's fp32 form, and each field of a
         # shard is padded to a page: where everything stays resident, the size with the least
         # RAM (the largest within 5% of it: fewer shards).
+        # Where the state is large enough that it costs little, shards of a chunk per worker
+        # (a shard's chunks are what the update runs in parallel).
         sizes = [s for s in (MIN_AUTO_SHARD_NUMEL << k for k in range(13)) if s <= size and resident(s)]
         if sizes:
             least = min(resident_bytes(s) for s in sizes)
-            return max(s for s in sizes if resident_bytes(s) <= 1.05 * least)
+            best = max(s for s in sizes if resident_bytes(s) <= 1.05 * least)
+            parallel = min(size, 1 << max(0, workers * CHUNK_NUMEL - 1).bit_length())
+            if best < parallel and resident(parallel) and scratch_bytes * min(parallel, numel) <= numel * stored / 8:
+                best = parallel
+            return best
     while size > MIN_AUTO_SHARD_NUMEL and (arena_slots * stored + per_shard) * size > ram_budget // 2:
         size //= 2
     return size

@@ -102,7 +102,8 @@ def measure(
                 continue  # a codec variant is not a state format
             p = torch.nn.Parameter(param.clone())
             p.grad = grad
-            opt = TieredAdamW([p], lr=1e-9, keep_master=True, moment_dtype=base, update_threads=threads)
+            # One shard of numel (its chunks run on the threads), as a shard of a large model would.
+            opt = TieredAdamW([p], lr=1e-9, keep_master=True, moment_dtype=base, update_threads=threads, shard_numel=numel)
             optimizers.append(opt)
             contenders[f"update/{name}"] = _suspended(opt.step) if impl == "torch" else opt.step
     floor = None
