@@ -88,3 +88,16 @@ def ram_tmp_path(tmp_path: Path) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """A process that has not built or loaded the compiled kernel yet (:mod:`tierstore.native`), with
+    its own cache directory (``tmp_path / "cache"``); the next test decides afresh again."""
+    from tierstore import native
+
+    monkeypatch.setenv("TIERSTORE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TIERSTORE_NATIVE", raising=False)
+    native.reset()
+    yield tmp_path
+    native.reset()

@@ -710,6 +710,20 @@ def test_a_compressed_format_needs_less_ram_than_float32(budget):
             assert ram["int8"] < ram["bfloat16"] < ram["float32"], ram
 
 
+def test_a_large_resident_compressed_state_keeps_a_chunk_per_worker():
+    """A shard's chunks are what a compressed update runs in parallel: where the scratch costs little
+    (a large state), resident shards hold at least one chunk per worker."""
+    from tierstore.spec import decide
+
+    for fmt in COMPRESSED:
+        spec = decide(numel=2 * 10**7, dtypes=[torch.float32], cuda=False, amsgrad=False, keep_master=True,
+                      arena_slots=4, ram_budget=None, shard_numel=None, moment_dtype=fmt, workers=2)  # fmt: skip
+        assert spec.shard_numel >= 2 * codecs.CHUNK_NUMEL, (fmt, spec.shard_numel)
+        small = decide(numel=10**6, dtypes=[torch.float32], cuda=False, amsgrad=False, keep_master=True,
+                       arena_slots=4, ram_budget=None, shard_numel=None, moment_dtype=fmt, workers=2)  # fmt: skip
+        assert small.shard_numel < 2 * codecs.CHUNK_NUMEL  # small: the RAM matters more than the threads
+
+
 # -- behind the training loop ---------------------------------------------------------------------------
 
 

@@ -21,16 +21,6 @@ from tierstore.testing.formats import FormatOracle
 HAVE_CC = native._compiler() is not None
 
 
-@pytest.fixture
-def fresh(monkeypatch, tmp_path):
-    """A process that has not built the kernel yet, with its own cache directory."""
-    monkeypatch.setenv("TIERSTORE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("TIERSTORE_NATIVE", raising=False)
-    native.reset()
-    yield tmp_path
-    native.reset()
-
-
 def _need_fused():
     k = fused_update.kernel()
     if k is None:

@@ -1,7 +1,8 @@
 """The compiled int8 codec kernel (:mod:`tierstore.native`): same bytes as torch ops, optional, safe.
 
-Each test decides afresh (``native.reset``) and leaves the process as it
-found it, so the other tests keep whatever this machine can build.
+Each test decides afresh (the ``fresh`` fixture of ``tests/conftest.py``) and
+leaves the process as it found it, so the other tests keep whatever this
+machine can build.
 """
 
 from __future__ import annotations
@@ -18,16 +19,6 @@ from tierstore import codecs, native
 from tierstore.errors import ConfigError
 
 HAVE_CC = native._compiler() is not None
-
-
-@pytest.fixture
-def fresh(monkeypatch, tmp_path):
-    """A process that has not decided yet, with its own cache directory."""
-    monkeypatch.setenv("TIERSTORE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("TIERSTORE_NATIVE", raising=False)
-    native.reset()
-    yield tmp_path
-    native.reset()
 
 
 def _need_kernel() -> native.Kernel:
