@@ -58,9 +58,9 @@ run step-durable-2e8 python bench/step.py --params 2e8 --ram-budget 1/8 --dir "$
 TMPDIR="$DIR" run overlap-stream-5e7 python bench/overlap.py --ram-budget 1/8 --json "$OUT/overlap-stream-5e7.json"
 TMPDIR="$DIR" run overlap-ram-5e7 python bench/overlap.py --ram-budget none --json "$OUT/overlap-ram-5e7.json"
 # 13. Streamed step per moment format at 2e8, ram_budget 1/8 of the float32 state, beside the same formats' update
-#     in torch ops (@torch); five runs, since the compressed steps are CPU-bound on small machines. Then the codecs'
+#     in torch ops (@torch); eight runs, since the compressed steps are CPU-bound on small machines. Then the codecs'
 #     and updates' params/s beside the drive.
-for k in 1 2 3 4 5; do
+for k in 1 2 3 4 5 6 7 8; do
   run "formats-step-2e8-$k" python bench/formats_step.py --params 2e8 --dir "$DIR" --rounds 7 \
       --formats float32,bfloat16,int8,bfloat16@torch,int8@torch --json "$OUT/formats-step-2e8-$k.json"
 done
