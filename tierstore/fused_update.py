@@ -26,6 +26,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import struct
@@ -55,6 +56,7 @@ _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}  # "for": the Kernel checked, "ok": bool, "status": str
 
 
+@functools.cache
 def vector_width() -> int:
     """Elements per ``Vectorized<float>`` of torch's CPU kernels in this process (the tail rule's width)."""
     return 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
