@@ -155,7 +155,7 @@ INLINE void bf16_decode(const uint16_t *c, int64_t len, float *out) {
 
 /* ---- the fused update ------------------------------------------------------------ */
 
-/* One parameter piece inside a chunk (80 bytes; fused_update.PIECE packs it). */
+/* One parameter piece inside a chunk (80 bytes; fused_update.Piece.pack packs it). */
 typedef struct {
     float *target;       /* the fp32 master (or fp32 CPU parameter) of the piece, updated in place */
     const float *grad;   /* its fp32 gradient */

@@ -292,7 +292,7 @@ class _Int8Tables:
     boundaries: np.ndarray  # nearest: positive decision boundaries on the bucket grid, ascending
     inv_gap: np.ndarray  # 1 / (values[c+1] - values[c]) in fp32, for stochastic rounding
     decode: Tensor  # 256 int32: the fp32 bits of the values, then NaN for NONFINITE_CODE
-    nearest: Tensor  # 2**20 uint8: the nearest code of every 20-bit bucket of y's bits (allocation padded by 64)
+    nearest: Tensor  # 2**20 uint8: the nearest code of every 20-bit bucket of y's bits
     # Stochastic rounding (floor, then up at random); fp32 tables hold int32 bit patterns.
     floor_next: Tensor  # 256: values[c+1] (+inf past the end)
     floor_value: Tensor  # 256: values[c]
@@ -367,8 +367,7 @@ def _int8_tables(kind: str) -> _Int8Tables:
 
     # Every value of a bucket has the code of the bucket's first pattern (the
     # boundaries are on the bucket grid): one lookup per element, no comparison.
-    # Padded: the compiled kernel's 4-byte gathers read up to 3 bytes past the last entry.
-    nearest = np.zeros(_BUCKETS + 64, np.uint8)
+    nearest = np.empty(_BUCKETS, np.uint8)
     piece = 1 << 14
     for lo in range(0, _BUCKETS, piece):  # in pieces: the temporaries stay small (peak RSS)
         first = (np.arange(lo, lo + piece, dtype=np.uint32) << BUCKET_SHIFT).view(np.float32)
@@ -380,7 +379,7 @@ def _int8_tables(kind: str) -> _Int8Tables:
         boundaries=boundaries,
         inv_gap=inv_gap,
         decode=pad(values, np.nan),
-        nearest=torch.from_numpy(nearest)[:_BUCKETS],
+        nearest=torch.from_numpy(nearest),
         floor_next=pad(values[1:], inf),
         floor_value=pad(values, 0),
         floor_inv_gap=pad(inv_gap, 0),

@@ -44,10 +44,11 @@ from .kernel import adamw
 
 log = logging.getLogger(__name__)
 
-#: ``ts_piece`` and ``ts_field`` of ``codec_kernel.c``, packed in native byte order.
-PIECE = struct.Struct("=3Q3q7fi")
-FIELD = struct.Struct("=4Q")
+#: ``ts_piece`` (addresses and sizes, then :func:`constants`) and ``ts_field`` of
+#: ``codec_kernel.c``, packed in native byte order.
+_PIECE_HEAD = struct.Struct("=3Q3q")
 _CONSTANTS = struct.Struct("=7fi")
+FIELD = struct.Struct("=4Q")
 FORMAT_CODES = {"bfloat16": 1, "int8": 2}
 TILE_NUMEL = 256  # elements per block of a format without blocks (bfloat16): what stays in L1
 _WD, _MAXIMIZE, _AMSGRAD = 1, 2, 4
@@ -99,8 +100,7 @@ class Piece:
     constants: bytes  # :func:`constants`
 
     def pack(self, vec: int) -> bytes:
-        head = PIECE.pack(self.target, self.grad, self.param_out, self.start, self.numel, vec, *[0.0] * 7, 0)
-        return head[: PIECE.size - _CONSTANTS.size] + self.constants
+        return _PIECE_HEAD.pack(self.target, self.grad, self.param_out, self.start, self.numel, vec) + self.constants
 
 
 def fields(fmt: codecs.MomentFormat, stored: Sequence[tuple[Tensor, Tensor | None]], lo: int) -> bytes:

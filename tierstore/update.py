@@ -51,7 +51,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -81,6 +81,18 @@ class ActiveParam:
     cuda: bool  # the parameter lives on a GPU (its new value goes up)
     step: Tensor  # the parameter's step count (torch's per-parameter state["step"])
     grad_cuda: bool = False  # the gradient lives on a GPU (it comes down through staging)
+
+
+class _Cut(NamedTuple):
+    """One parameter's piece inside a range of shard elements, as the kernel takes it."""
+
+    index: int  # the parameter's position
+    active: ActiveParam
+    s0: int  # shard elements [s0, s1)
+    s1: int
+    grad: Tensor  # fp32, staged where the gradient is not an fp32 CPU tensor
+    target: Tensor  # what the kernel updates: the master piece, or the fp32 parameter's
+    param: Tensor  # the parameter's piece
 
 
 def gather(
@@ -277,23 +289,13 @@ class ShardUpdate:
         """
         buckets: dict[int, tuple[list[Tensor], ...]] = {}
         outs: list[tuple[Tensor, Tensor]] = []
-        for seg, a in work:
-            s0, s1 = max(seg.shard_offset, lo), min(seg.shard_offset + seg.length, hi)
-            if s0 >= s1:
-                continue
-            p0 = seg.param_offset + s0 - seg.shard_offset
-            p1 = p0 + s1 - s0
-            grad = a.grad[p0:p1]
-            if a.staged:
-                if not a.grad_cuda:
-                    staging[s0:s1].copy_(grad)
-                grad = staging[s0:s1]
-            target = master[s0:s1] if master is not None else a.param[p0:p1]
+        for cut in self._cuts(work, staging, master, lo, hi):
+            a, s0, s1 = cut.active, cut.s0, cut.s1
             if params_out and master is not None and not a.cuda:
-                outs.append((a.param[p0:p1], target))
+                outs.append((cut.param, cut.target))
             bucket = buckets.setdefault(a.group, ([], [], [], [], [], []))
-            bucket[0].append(target)
-            bucket[1].append(grad)
+            bucket[0].append(cut.target)
+            bucket[1].append(cut.grad)
             bucket[2].append(moments["exp_avg"][s0 - lo : s1 - lo])
             bucket[3].append(moments["exp_avg_sq"][s0 - lo : s1 - lo])
             if "max_exp_avg_sq" in moments:
@@ -355,6 +357,25 @@ class ShardUpdate:
         # As many workers as the scratch has room for (Layout.scratch_nbytes sized it for self.workers).
         run_each(chunks, one, threads=max(1, min(self.workers, scratch.numel() // per_worker)))
 
+    @staticmethod
+    def _cuts(
+        work: Sequence[tuple[Any, ActiveParam]], staging: Tensor | None, master: Tensor | None, lo: int, hi: int
+    ) -> Iterator[_Cut]:
+        """The pieces of ``work`` inside shard elements ``[lo, hi)``, their gradients staged (fp32)."""
+        for seg, a in work:
+            s0, s1 = max(seg.shard_offset, lo), min(seg.shard_offset + seg.length, hi)
+            if s0 >= s1:
+                continue
+            p0 = seg.param_offset + s0 - seg.shard_offset
+            p1 = p0 + s1 - s0
+            grad = a.grad[p0:p1]
+            if a.staged:
+                if not a.grad_cuda:
+                    staging[s0:s1].copy_(grad)
+                grad = staging[s0:s1]
+            param = a.param[p0:p1]
+            yield _Cut(seg.param, a, s0, s1, grad, master[s0:s1] if master is not None else param, param)
+
     def _fused_pieces(
         self,
         work: Sequence[tuple[Any, ActiveParam]],
@@ -363,33 +384,21 @@ class ShardUpdate:
         lo: int,
         hi: int,
     ) -> tuple[list[fused_update.Piece], list[tuple[Tensor, Tensor]]]:
-        """The fused kernel's pieces of chunk ``[lo, hi)`` (as :meth:`_kernel` cuts them, gradients
-        staged), and the (parameter, master) copies left for parameters that are not fp32."""
+        """The fused kernel's pieces of chunk ``[lo, hi)`` (:meth:`_cuts`), and the (parameter, master)
+        copies left for CPU parameters that are not fp32."""
         pieces, copies = [], []
-        for seg, a in work:
-            s0, s1 = max(seg.shard_offset, lo), min(seg.shard_offset + seg.length, hi)
-            if s0 >= s1:
-                continue
-            p0 = seg.param_offset + s0 - seg.shard_offset
-            if a.staged:
-                if not a.grad_cuda:
-                    staging[s0:s1].copy_(a.grad[p0 : p0 + s1 - s0])
-                grad = staging.data_ptr() + 4 * s0
-            else:
-                grad = a.grad.data_ptr() + 4 * p0
-            out = 0
-            if master is None:
-                target = a.param.data_ptr() + 4 * p0
-            else:
-                target = master.data_ptr() + 4 * s0
-                if not a.cuda and a.param.dtype == torch.float32:
-                    out = a.param.data_ptr() + 4 * p0
-                elif not a.cuda:
-                    copies.append((a.param[p0 : p0 + s1 - s0], master[s0:s1]))
-            constants = self._constants.get(seg.param)
+        for cut in self._cuts(work, staging, master, lo, hi):
+            a, out = cut.active, 0
+            if master is not None and not a.cuda:
+                if a.param.dtype == torch.float32:
+                    out = cut.param.data_ptr()
+                else:
+                    copies.append((cut.param, cut.target))
+            constants = self._constants.get(cut.index)
             if constants is None:  # once per parameter and step (the step counts are final by now)
-                constants = self._constants[seg.param] = fused_update.constants(self.hypers[a.group], float(a.step))
-            pieces.append(fused_update.Piece(s0 - lo, s1 - s0, target, grad, out, constants))
+                constants = self._constants[cut.index] = fused_update.constants(self.hypers[a.group], float(a.step))
+            pieces.append(fused_update.Piece(cut.s0 - lo, cut.s1 - cut.s0, cut.target.data_ptr(), cut.grad.data_ptr(),
+                                             out, constants))  # fmt: skip
         pieces.sort(key=lambda p: p.start)
         return pieces, copies
 
