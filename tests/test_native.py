@@ -100,7 +100,7 @@ def test_a_failing_compiler_falls_back_with_its_message(fresh, monkeypatch):
 def test_a_kernel_that_computes_wrong_bytes_is_refused(fresh, monkeypatch):
     # A deliberately broken build (decode doubles every value) must fail the load-time self-check.
     good = native._source()
-    broken = good.replace(b"decode_scalar(c, s, len, values, out);", b"decode_scalar(c, s * 2.0f, len, values, out);")
+    broken = good.replace(b"out[i] = values[c[i]] * s;", b"out[i] = values[c[i]] * s * 2.0f;")
     assert broken != good
     monkeypatch.setattr(native, "_source", lambda: broken)
     with pytest.warns(UserWarning, match="decode of exp_avg differs"):
