@@ -52,12 +52,13 @@ from tierstore.spec import decide
 FORMATS = ("float32", "bfloat16", "int8")
 
 
-def _resident_at(numel: int, fmt: str, *, budget: int, shard_numel: int, keep_master: bool) -> dict:
+def _resident_at(numel: int, fmt: str, *, budget: int, shard_numel: int, keep_master: bool,
+                 dtype: torch.dtype = torch.float32) -> dict:
     """Resident shards and parameters of ``fmt`` at a fixed shard size (pure arithmetic, meta tensors)."""
-    spec = decide(numel=numel, dtypes=[torch.float32], cuda=False, amsgrad=False, keep_master=keep_master,
+    spec = decide(numel=numel, dtypes=[dtype], cuda=False, amsgrad=False, keep_master=keep_master,
                   arena_slots=4, ram_budget=budget, shard_numel=shard_numel, moment_dtype=fmt,
                   workers=len(os.sched_getaffinity(0)))
-    meta = [torch.empty(n, device="meta", requires_grad=True) for n in _sizes(numel)]
+    meta = [torch.empty(n, device="meta", dtype=dtype, requires_grad=True) for n in _sizes(numel)]
     layout = Layout.build([meta], shard_numel=spec.shard_numel, fields=spec.fields, moment_dtype=fmt)
     plan = plan_tiers(layout, ram_budget=budget, arena_slots=spec.arena_slots, workers=spec.workers)
     return {"shard_numel": layout.shard_numel, "shards": len(layout.shards), "resident_shards": len(plan.resident),
@@ -81,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
                              "NAME@torch runs NAME's update in torch ops (no compiled kernel)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-master", action="store_true", help="keep_master=False (8 B/param in float32)")
+    parser.add_argument("--param-dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="dtype of the parameters and gradients (bfloat16: fp32 masters in the state, as "
+                             "mixed-precision training keeps them)")
     parser.add_argument("--durable", action="store_true", help="durable=True (a commit per step)")
     parser.add_argument("--shard-numel", type=float, default=None, help="fixed shard size (default: each format's automatic one)")
     parser.add_argument("--backend", default="auto")
@@ -88,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the results here (nothing is written without it)")
     args = parser.parse_args(argv)
     numel = int(args.params)
+    param_dtype = getattr(torch, args.param_dtype)
+    param_size = param_dtype.itemsize
+    if param_dtype != torch.float32 and args.no_master:
+        raise SystemExit("formats_step.py: --no-master needs fp32 parameters (bf16 parameters keep fp32 masters)")
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     keep_master = not args.no_master
     fp32_state = numel * (12 if keep_master else 8)
@@ -95,12 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     shard_numel = None if args.shard_numel is None else int(args.shard_numel)
     disk = sum(int(numel * (4 * keep_master + 2 * {"float32": 4, "bfloat16": 2, "int8": 1.0157}[f.partition(":")[0].partition("@")[0]]))
                for f in formats)
-    needs = Needs(f"formats_step.py --params {args.params:g}", ram=numel * 4 + len(formats) * (numel * 4 + budget), disk=disk * (2 if args.durable else 1) + (64 << 20))
+    needs = Needs(f"formats_step.py --params {args.params:g}", ram=numel * param_size + len(formats) * (numel * param_size + budget), disk=disk * (2 if args.durable else 1) + (64 << 20))
     try:
         check(needs, args.dir, fix="lower --params, or compare fewer formats per run")
     except ConfigError as exc:
         raise SystemExit(f"formats_step.py: {exc}") from None
-    params = build(numel)
+    params = build(numel, dtype=param_dtype)
     runs = []
     loads = []
     try:
@@ -161,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     for row in results:
         row["at_baseline_shard_numel"] = _resident_at(numel, row["moment_dtype"].partition(":")[0].partition("@")[0],
                                                       budget=budget,
-                                                      shard_numel=same_shard, keep_master=keep_master)
-    print(f"\n{numel:.3g} params, keep_master={keep_master}, ram_budget {budget / 2**20:.1f} MiB "
+                                                      shard_numel=same_shard, keep_master=keep_master,
+                                                      dtype=param_dtype)
+    print(f"\n{numel:.3g} {args.param_dtype} params, keep_master={keep_master}, ram_budget {budget / 2**20:.1f} MiB "
           f"(1/{1 / args.budget:g} of the float32 state), load average {min(loads):.2f}..{max(loads):.2f}")
     for row in results:
         same = row["at_baseline_shard_numel"]
@@ -171,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['shard_numel']:,} ({row['resident_params']:,} params); at shard_numel={same_shard:,}: "
               f"{same['resident_shards']}/{same['shards']}  split {row['split_median_s']}")
     if args.json:
-        document = {"tool": "bench/formats_step.py", "argv": sys.argv, "params": numel, "keep_master": keep_master,
+        document = {"tool": "bench/formats_step.py", "argv": sys.argv, "params": numel, "param_dtype": args.param_dtype, "keep_master": keep_master,
                     "update_threads": args.update_threads,
                     "ram_budget": budget, "budget_share_of_float32_state": args.budget, "durable": args.durable,
                     "load_average_per_round": loads, "machine": machine_info(args.dir), "results": results}

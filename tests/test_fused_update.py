@@ -48,9 +48,14 @@ hypers = st.builds(
     steps=st.lists(st.integers(1, 20000), min_size=6, max_size=6),
     rounds=st.integers(1, 3),
     seed=st.integers(0, 2**31),
+    bf16_grads=st.lists(st.booleans(), min_size=6, max_size=6),
+    bf16_params=st.lists(st.booleans(), min_size=6, max_size=6),
 )
 @settings(max_examples=80, deadline=None)
-def test_the_kernel_equals_decode_torch_fused_adamw_encode(fmt, lengths, gaps, hyper, steps, rounds, seed):
+def test_the_kernel_equals_decode_torch_fused_adamw_encode(fmt, lengths, gaps, hyper, steps, rounds, seed, bf16_grads,
+                                                            bf16_params):
+    """fp32 or bfloat16 gradients and parameters per piece: the torch path widens bfloat16 gradients
+    into fp32 and gives a bfloat16 parameter ``param.copy_(master)``."""
     k = _need_fused()
     fmt = codecs.FORMATS[fmt]
     layout, at = [], 0
@@ -66,45 +71,59 @@ def test_the_kernel_equals_decode_torch_fused_adamw_encode(fmt, lengths, gaps, h
     expected = target.clone()
     for r in range(rounds):
         grads = [torch.randn(numel, generator=gen) * 10.0 ** float(-((i + r) % 6)) for i, (_, numel) in enumerate(layout)]
+        grads = [g.to(torch.bfloat16) if half else g for g, half in zip(grads, bf16_grads)]
         hs = hyper[: len(layout)]
         st_ = [torch.tensor(float(s + r)) for s in steps[: len(layout)]]
-        out = torch.zeros(n)
-        pieces = [
-            fused_update.Piece(start, numel, target.data_ptr() + 4 * start, g.data_ptr(), out.data_ptr() + 4 * start,
-                               fused_update.constants(h, float(s)))
-            for (start, numel), g, h, s in zip(layout, grads, hs, st_)
-        ]  # fmt: skip
+        out, out16 = torch.zeros(n), torch.zeros(n, dtype=torch.bfloat16)
+        pieces = []
+        for (start, numel), g, h, s, half in zip(layout, grads, hs, st_, bf16_params):
+            half = half and fused_update.bf16_param_flags() is not None
+            dtypes = (fused_update.GRAD_BF16 if g.dtype == torch.bfloat16 else 0) | (
+                fused_update.bf16_param_flags() if half else 0)
+            dest = out16.data_ptr() + 2 * start if half else out.data_ptr() + 4 * start
+            pieces.append(fused_update.Piece(start, numel, target.data_ptr() + 4 * start, g.data_ptr(), dest,
+                                             fused_update.constants(h, float(s)), dtypes))  # fmt: skip
         fused_update.update_chunk(k, fmt, stored, 0, n, pieces)
-        fused_update._reference(fmt, reference, n, layout, hs, st_, grads, [expected[s : s + c] for s, c in layout])
+        fused_update._reference(fmt, reference, n, layout, hs, st_, [g.float() for g in grads],
+                                [expected[s : s + c] for s, c in layout])  # fmt: skip
         assert torch.equal(target.view(torch.int32), expected.view(torch.int32)), f"round {r}: masters differ"
-        for start, numel in layout:
-            assert torch.equal(out[start : start + numel], target[start : start + numel]), "param_out missed values"
+        for (start, numel), half in zip(layout, bf16_params):
+            new = target[start : start + numel]
+            if half and fused_update.bf16_param_flags() is not None:
+                got = out16[start : start + numel]
+                assert torch.equal(got.view(torch.int16), new.to(torch.bfloat16).view(torch.int16)), "bf16 param_out"
+            else:
+                assert torch.equal(out[start : start + numel], new), "param_out missed values"
         for (c, s), (rc, rs) in zip(stored, reference):
             assert torch.equal(c.view(torch.uint8), rc.view(torch.uint8)), f"round {r}: codes differ"
             assert s is None or torch.equal(s.view(torch.int32), rs.view(torch.int32)), f"round {r}: scales differ"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
-def test_tiered_adamw_runs_the_fused_kernel_and_equals_the_oracle(fmt, monkeypatch):
+def test_tiered_adamw_runs_the_fused_kernel_and_equals_the_oracle(fmt, dtype, monkeypatch):
     _need_fused()
     calls = []
     real = fused_update.update_chunk
-    monkeypatch.setattr(fused_update, "update_chunk", lambda *a: (calls.append(a[3:5]), real(*a)))
+    monkeypatch.setattr(fused_update, "update_chunk", lambda *a: (calls.append(a[5]), real(*a)))
     gen = torch.Generator().manual_seed(11)
     shapes = [(300, 70), (1001,), (5,), (64, 64)]
-    mine = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in shapes]
+    mine = [torch.nn.Parameter(torch.randn(s, generator=gen).to(dtype)) for s in shapes]
     ref = [torch.nn.Parameter(p.detach().clone()) for p in mine]
     groups = lambda ps: [{"params": ps[:2]}, {"params": ps[2:], "lr": 0.05, "betas": (0.4, 0.9), "maximize": True}]  # noqa: E731
     with TieredAdamW(groups(mine), lr=1e-2, weight_decay=0.1, amsgrad=True, moment_dtype=fmt) as opt:
         oracle = FormatOracle(groups(ref), lr=1e-2, weight_decay=0.1, amsgrad=True, moment_dtype=fmt)
         for _ in range(4):
             for a, b in zip(mine, ref):
-                g = torch.randn(a.shape, generator=gen)
+                g = torch.randn(a.shape, generator=gen).to(dtype)
                 a.grad, b.grad = g.clone(), g.clone()
             opt.step()
             oracle.step()
-            assert all(torch.equal(a, b) for a, b in zip(mine, ref))
+            assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(mine, ref))
     assert calls, "the step did not go through the fused kernel"
+    if dtype == torch.bfloat16:  # the kernel read the bfloat16 gradients and wrote the parameters itself
+        want = fused_update.GRAD_BF16 | (fused_update.bf16_param_flags() or 0)
+        assert all(p.dtypes == want for pieces in calls for p in pieces)
 
 
 def test_inside_suspended_the_torch_path_runs():
@@ -129,6 +148,13 @@ def test_the_self_check_passes_on_this_torch_build(fresh):
         (b"fmaf(v[i], b2, (c2 * gi) * gi)", b"v[i] * b2 + (c2 * gi) * gi"),
         # A body that forgets weight decay.
         (b"if (wd) pi = pi * wdf;\n        const float mi", b"const float mi"),
+        # bfloat16 parameters given the wrong values (the gradient's, not the new master's).
+        (b"bf16_encode(q->target + o, hi - lo,", b"bf16_encode(g, hi - lo,"),
+        # bfloat16 parameters given the other build's NaN pattern.
+        (b"PIECE_OUT_NAN_ONES) ? 0xFFFFu : 0x7FC0u", b"PIECE_OUT_NAN_ONES) ? 0x7FC0u : 0xFFFFu"),
+        # bfloat16 gradients read as if they were the upper half of nothing (no widening).
+        (b"bf16_decode((const uint16_t *)q->grad + o, hi - lo, widened);",
+         b"for (int64_t i = 0; i < hi - lo; ++i) widened[i] = (float)((const uint16_t *)q->grad + o)[i];"),
     ],
 )
 def test_a_fused_kernel_that_differs_from_torch_is_refused(fresh, monkeypatch, caplog, good, bad):

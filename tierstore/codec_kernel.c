@@ -41,7 +41,7 @@
 #endif
 
 #define MAX_BLOCK 4096 /* elements per block this file accepts (the caller checks) */
-#define ABI_VERSION 2
+#define ABI_VERSION 3
 
 /* One build runs everywhere: each entry point has an AVX2+FMA variant, picked
  * at run time where the CPU has both, and a baseline variant. */
@@ -135,13 +135,14 @@ INLINE void int8_decode_body(const uint8_t *codes, const float *scales, int64_t 
 
 /* ---- bfloat16 ------------------------------------------------------------------- */
 
-/* Round half to even, as torch's conversion; NaN becomes the canonical 0x7FC0. */
-INLINE void bf16_encode(const float *x, int64_t len, uint16_t *c) {
+/* Round half to even, as torch's conversion; NaN becomes nan (the moments' canonical 0x7FC0; a
+ * parameter takes what this torch build's Tensor.copy_ gives, PIECE_OUT_NAN_ONES). */
+INLINE void bf16_encode(const float *x, int64_t len, uint16_t nan, uint16_t *c) {
     const uint32_t *bits = (const uint32_t *)x;
     for (int64_t i = 0; i < len; ++i) {
         const uint32_t u = bits[i];
         const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-        c[i] = (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
+        c[i] = (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
     }
 }
 
@@ -155,8 +156,9 @@ INLINE void bf16_decode(const uint16_t *c, int64_t len, float *out) {
 /* One parameter piece inside a chunk (80 bytes; fused_update.Piece.pack packs it). */
 typedef struct {
     float *target;       /* the fp32 master (or fp32 CPU parameter) of the piece, updated in place */
-    const float *grad;   /* its fp32 gradient */
-    float *param_out;    /* an fp32 CPU parameter that takes the new master values, or NULL */
+    const void *grad;    /* its gradient: fp32, or bfloat16 with PIECE_GRAD_BF16 */
+    void *param_out;     /* a CPU parameter that takes the new master values (fp32, or bfloat16 with
+                            PIECE_OUT_BF16), or NULL */
     int64_t start;       /* first element, relative to the chunk */
     int64_t numel;       /* elements; the last numel % vec take torch's scalar formulas */
     int64_t vec;         /* torch's Vectorized<float>::size() */
@@ -170,7 +172,7 @@ typedef struct {
     int32_t flags;       /* PIECE_* below */
 } ts_piece;
 
-enum { PIECE_WD = 1, PIECE_MAXIMIZE = 2, PIECE_AMSGRAD = 4 };
+enum { PIECE_WD = 1, PIECE_MAXIMIZE = 2, PIECE_AMSGRAD = 4, PIECE_GRAD_BF16 = 8, PIECE_OUT_BF16 = 16, PIECE_OUT_NAN_ONES = 32 };
 
 /* One moment field of the chunk (32 bytes; fused_update.FIELD packs it). */
 typedef struct {
@@ -267,17 +269,29 @@ INLINE void adamw_tail(const ts_piece *q, float *p, const float *g, float *m, fl
     if (out) stream_out(out, p, n);
 }
 
-/* Elements [lo, hi) of the block starting at chunk element b, all in piece q. */
+/* Elements [lo, hi) of the block starting at chunk element b, all in piece q.
+ *
+ * bfloat16 gradients and parameters are what the torch path does around its
+ * kernel: the gradient widened into fp32 (exact: a shift), the parameter given
+ * the new master rounded to nearest even (bf16_encode, as torch's Tensor.copy_),
+ * NaN as 0xFFFF with PIECE_OUT_NAN_ONES (torch's AVX2 conversion) else 0x7FC0. */
 INLINE void update_range(const ts_piece *q, int64_t b, int64_t lo, int64_t hi, float *m, float *v, float *x) {
     const int wd = (q->flags & PIECE_WD) != 0, mx = (q->flags & PIECE_MAXIMIZE) != 0;
     const int ams = (q->flags & PIECE_AMSGRAD) != 0;
+    const int out_bf16 = (q->flags & PIECE_OUT_BF16) != 0;
     const int64_t body_end = q->start + q->numel - q->numel % q->vec;
     const int64_t split = lo > body_end ? lo : (hi < body_end ? hi : body_end);
     const int64_t o = lo - q->start; /* offset into the piece */
-    float *out = q->param_out ? q->param_out + o : 0;
+    float widened[MAX_BLOCK];
+    const float *g = (const float *)q->grad + o;
+    if (q->flags & PIECE_GRAD_BF16) {
+        bf16_decode((const uint16_t *)q->grad + o, hi - lo, widened);
+        g = widened;
+    }
+    float *out = q->param_out && !out_bf16 ? (float *)q->param_out + o : 0;
     float *xs = ams ? x + (lo - b) : 0;
     /* Specialised loops for the flags (the compiler folds the constants). */
-#define BODY(W, M, A) adamw_body(q, q->target + o, q->grad + o, m + (lo - b), v + (lo - b), xs, out, split - lo, W, M, A)
+#define BODY(W, M, A) adamw_body(q, q->target + o, g, m + (lo - b), v + (lo - b), xs, out, split - lo, W, M, A)
     if (split > lo) {
         if (ams) {
             if (wd) { if (mx) BODY(1, 1, 1); else BODY(1, 0, 1); }
@@ -290,9 +304,12 @@ INLINE void update_range(const ts_piece *q, int64_t b, int64_t lo, int64_t hi, f
 #undef BODY
     if (hi > split) {
         const int64_t t = split - lo;
-        adamw_tail(q, q->target + o + t, q->grad + o + t, m + (split - b), v + (split - b), ams ? x + (split - b) : 0,
+        adamw_tail(q, q->target + o + t, g + t, m + (split - b), v + (split - b), ams ? x + (split - b) : 0,
                    out ? out + t : 0, hi - split, wd, mx, ams);
     }
+    if (q->param_out && out_bf16)
+        bf16_encode(q->target + o, hi - lo, (q->flags & PIECE_OUT_NAN_ONES) ? 0xFFFFu : 0x7FC0u,
+                    (uint16_t *)q->param_out + o);
 }
 
 INLINE void decode_field(int format, const ts_field *f, int64_t b, int64_t k, int64_t len, float *out) {
@@ -304,7 +321,7 @@ INLINE void encode_field(int format, const ts_field *f, int is_signed, int64_t b
                          const float *x) {
     if (format == FORMAT_INT8)
         encode_block(x, len, is_signed ? 0x7FFFFFFF : -1, f->nearest, (uint8_t *)f->codes + b, f->scales + k);
-    else bf16_encode(x, len, (uint16_t *)f->codes + b);
+    else bf16_encode(x, len, 0x7FC0u, (uint16_t *)f->codes + b);
 }
 
 /* Update one chunk of n elements (a compressed shard's elements [lo, lo + n),

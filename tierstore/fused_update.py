@@ -14,7 +14,7 @@ claim about the torch build in this process, so :func:`kernel` checks it
 once, against decode -> ``torch._fused_adamw_`` -> encode on pieces chosen
 to hit every rule (weight decay or not, maximize, amsgrad, both ``lerp``
 branches, every tail length, first and later steps, zeros, subnormals,
-non-finite gradients), and the update uses the kernel only where every bit
+non-finite gradients, fp32 and bfloat16 gradients and parameters), and the update uses the kernel only where every bit
 agrees; otherwise it keeps the torch path and logs why.
 
 Example
@@ -48,10 +48,12 @@ log = logging.getLogger(__name__)
 #: ``codec_kernel.c``, packed in native byte order.
 _PIECE_HEAD = struct.Struct("=3Q3q")
 _CONSTANTS = struct.Struct("=7fi")
+_FLAGS, _FLAGS_AT = struct.Struct("=i"), 28  # the flags word at the end of the constants
 FIELD = struct.Struct("=4Q")
 FORMAT_CODES = {"bfloat16": 1, "int8": 2}
 TILE_NUMEL = 256  # elements per block of a format without blocks (bfloat16): what stays in L1
 _WD, _MAXIMIZE, _AMSGRAD = 1, 2, 4
+GRAD_BF16, OUT_BF16, _OUT_NAN_ONES = 8, 16, 32  # Piece.dtypes: a bfloat16 gradient; a bfloat16 param_out
 
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}  # "for": the Kernel checked, "ok": bool, "status": str
@@ -61,6 +63,26 @@ _STATE: dict[str, object] = {}  # "for": the Kernel checked, "ok": bool, "status
 def vector_width() -> int:
     """Elements per ``Vectorized<float>`` of torch's CPU kernels in this process (the tail rule's width)."""
     return 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
+
+
+@functools.cache
+def bf16_param_flags() -> int | None:
+    """The piece flags that write bfloat16 parameters as this torch build's ``Tensor.copy_`` does,
+    or None where its conversion has no single NaN pattern (the parameters then take torch copies).
+
+    Rounding is to nearest even everywhere; NaN differs by build: the AVX2
+    vector conversion gives 0xFFFF, the scalar one 0x7FC0.
+    """
+    nan = torch.tensor([float("nan"), -float("nan")]).repeat(40)
+    nan[5:9].view(torch.int32)[:] = torch.tensor([0x7F800001, 0x7FFFFFFF, -1, 0x7FC00001], dtype=torch.int32)
+    seen = set()
+    for n in (1, 2, 7, 8, 9, 33, 80):
+        out = torch.empty(n, dtype=torch.bfloat16)
+        out.copy_(nan[:n] if n != 1 else nan[6:7])
+        seen.update(v & 0xFFFF for v in out.view(torch.int16).tolist())
+    if seen == {0xFFFF}:
+        return OUT_BF16 | _OUT_NAN_ONES
+    return OUT_BF16 if seen == {0x7FC0} else None
 
 
 def constants(hyper: GroupHyper, step: float) -> bytes:
@@ -90,17 +112,22 @@ def constants(hyper: GroupHyper, step: float) -> bytes:
 
 @dataclass(frozen=True)
 class Piece:
-    """One parameter piece of a chunk, as the kernel takes it (addresses of fp32 CPU memory)."""
+    """One parameter piece of a chunk, as the kernel takes it (addresses of CPU memory)."""
 
     start: int  # first element, relative to the chunk
     numel: int
     target: int  # address of the fp32 master (or fp32 parameter) updated in place
-    grad: int  # address of the fp32 gradient
-    param_out: int  # address of an fp32 parameter that takes the new values, or 0
+    grad: int  # address of the gradient: fp32, or bfloat16 with GRAD_BF16 in dtypes
+    param_out: int  # address of a parameter that takes the new values (fp32, or bfloat16 with OUT_BF16), or 0
     constants: bytes  # :func:`constants`
+    dtypes: int = 0  # GRAD_BF16 | OUT_BF16
 
     def pack(self, vec: int) -> bytes:
-        return _PIECE_HEAD.pack(self.target, self.grad, self.param_out, self.start, self.numel, vec) + self.constants
+        head = _PIECE_HEAD.pack(self.target, self.grad, self.param_out, self.start, self.numel, vec)
+        if not self.dtypes:
+            return head + self.constants
+        (flags,) = _FLAGS.unpack_from(self.constants, _FLAGS_AT)
+        return head + self.constants[:_FLAGS_AT] + _FLAGS.pack(flags | self.dtypes)
 
 
 def fields(fmt: codecs.MomentFormat, stored: Sequence[tuple[Tensor, Tensor | None]], lo: int) -> bytes:
@@ -226,20 +253,28 @@ def _self_check(k: native.Kernel) -> str | None:
                     g[::5] = 0.0
                 if i % 7 == 3:
                     g[1] = 1e-41
-                if round_ == 2 and i in (5, 9, 10, 14):  # non-finite gradients in bodies and tails
+                if round_ == 2 and i in (5, 9, 11, 14):  # non-finite gradients in bodies and tails
                     g[2 if i == 5 else -1] = float("nan") if i != 14 else float("inf")
+                if i % 3 == 2:  # a bfloat16 gradient (the torch path widens it into fp32 staging)
+                    g = g.to(torch.bfloat16)
                 grads.append(g)
             stored = [(c.clone(), None if s is None else s.clone()) for c, s in stored_ref]
             mine = targets.clone()
             out = torch.empty(n).fill_(7.0)
-            pieces = [
-                Piece(start, numel, mine.data_ptr() + 4 * start, g.data_ptr(),
-                      out.data_ptr() + 4 * start if i % 2 else 0, constants(h, float(st)))
-                for i, ((start, numel), g, h, st) in enumerate(zip(layout, grads, hypers, steps))
-            ]  # fmt: skip
+            out16 = torch.empty(n, dtype=torch.bfloat16).fill_(7.0)
+            pieces = []
+            for i, ((start, numel), g, h, st) in enumerate(zip(layout, grads, hypers, steps)):
+                dtypes = GRAD_BF16 if g.dtype == torch.bfloat16 else 0
+                dest = 0
+                if i % 4 == 1:
+                    dest = out.data_ptr() + 4 * start
+                elif i % 4 == 3 and bf16_param_flags() is not None:  # a bfloat16 parameter: param.copy_(master)
+                    dest, dtypes = out16.data_ptr() + 2 * start, dtypes | bf16_param_flags()
+                pieces.append(Piece(start, numel, mine.data_ptr() + 4 * start, g.data_ptr(), dest,
+                                    constants(h, float(st)), dtypes))  # fmt: skip
             update_chunk(k, fmt, stored, 0, n, pieces)
             ref_targets = [targets[s : s + c] for s, c in layout]
-            _reference(fmt, stored_ref, n, layout, hypers, steps, grads, ref_targets)
+            _reference(fmt, stored_ref, n, layout, hypers, steps, [g.float() for g in grads], ref_targets)
             for (c, s), (rc, rs) in zip(stored, stored_ref):
                 if not torch.equal(c.view(torch.uint8), rc.view(torch.uint8)) or (
                     s is not None and not torch.equal(s.view(torch.int32), rs.view(torch.int32))
@@ -248,7 +283,11 @@ def _self_check(k: native.Kernel) -> str | None:
             if not torch.equal(mine.view(torch.int32), targets.view(torch.int32)):
                 return f"{fmt.name} parameters differ from torch._fused_adamw_ (step {round_ + 1})"
             for i, (start, numel) in enumerate(layout):
-                want = targets[start : start + numel] if i % 2 else torch.full((numel,), 7.0)
+                want = targets[start : start + numel] if i % 4 == 1 else torch.full((numel,), 7.0)
+                want16 = targets[start : start + numel].to(torch.bfloat16) if i % 4 == 3 and bf16_param_flags() else torch.full(
+                    (numel,), 7.0, dtype=torch.bfloat16)
                 if not torch.equal(out[start : start + numel].view(torch.int32), want.view(torch.int32)):
                     return f"{fmt.name}: param_out does not receive the new values"
+                if not torch.equal(out16[start : start + numel].view(torch.int16), want16.view(torch.int16)):
+                    return f"{fmt.name}: a bfloat16 param_out does not receive the rounded new values"
     return None

@@ -58,7 +58,7 @@ from .errors import ConfigError
 log = logging.getLogger(__name__)
 
 SOURCE = "codec_kernel.c"
-ABI_VERSION = 2  # ts_codec_kernel_version() of a library this module can call
+ABI_VERSION = 3  # ts_codec_kernel_version() of a library this module can call
 MAX_BLOCK = 4096  # elements per block the kernel accepts (MAX_BLOCK in the C source)
 # -ffp-contract=off: no FMA the source does not write (clang contracts by default);
 # -fno-math-errno: sqrtf as one instruction, so the update's loops vectorise.

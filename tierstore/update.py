@@ -90,7 +90,7 @@ class _Cut(NamedTuple):
     active: ActiveParam
     s0: int  # shard elements [s0, s1)
     s1: int
-    grad: Tensor  # fp32, staged where the gradient is not an fp32 CPU tensor
+    grad: Tensor  # fp32, staged where the gradient is not an fp32 CPU tensor (bfloat16 CPU ones: see _cuts)
     target: Tensor  # what the kernel updates: the master piece, or the fp32 parameter's
     param: Tensor  # the parameter's piece
 
@@ -359,9 +359,19 @@ class ShardUpdate:
 
     @staticmethod
     def _cuts(
-        work: Sequence[tuple[Any, ActiveParam]], staging: Tensor | None, master: Tensor | None, lo: int, hi: int
+        work: Sequence[tuple[Any, ActiveParam]],
+        staging: Tensor | None,
+        master: Tensor | None,
+        lo: int,
+        hi: int,
+        *,
+        raw_bf16: bool = False,
     ) -> Iterator[_Cut]:
-        """The pieces of ``work`` inside shard elements ``[lo, hi)``, their gradients staged (fp32)."""
+        """The pieces of ``work`` inside shard elements ``[lo, hi)``, their gradients staged (fp32).
+
+        ``raw_bf16``: bfloat16 CPU gradients are left as they are (the fused
+        kernel widens them itself).
+        """
         for seg, a in work:
             s0, s1 = max(seg.shard_offset, lo), min(seg.shard_offset + seg.length, hi)
             if s0 >= s1:
@@ -369,7 +379,7 @@ class ShardUpdate:
             p0 = seg.param_offset + s0 - seg.shard_offset
             p1 = p0 + s1 - s0
             grad = a.grad[p0:p1]
-            if a.staged:
+            if a.staged and not (raw_bf16 and not a.grad_cuda and grad.dtype == torch.bfloat16):
                 if not a.grad_cuda:
                     staging[s0:s1].copy_(grad)
                 grad = staging[s0:s1]
@@ -385,20 +395,25 @@ class ShardUpdate:
         hi: int,
     ) -> tuple[list[fused_update.Piece], list[tuple[Tensor, Tensor]]]:
         """The fused kernel's pieces of chunk ``[lo, hi)`` (:meth:`_cuts`), and the (parameter, master)
-        copies left for CPU parameters that are not fp32."""
+        copies left for CPU parameters that are neither fp32 nor bfloat16 (the kernel writes those two
+        and reads fp32 and bfloat16 gradients itself)."""
         pieces, copies = [], []
-        for cut in self._cuts(work, staging, master, lo, hi):
+        for cut in self._cuts(work, staging, master, lo, hi, raw_bf16=True):
             a, out = cut.active, 0
+            dtypes = fused_update.GRAD_BF16 if cut.grad.dtype == torch.bfloat16 else 0
             if master is not None and not a.cuda:
                 if a.param.dtype == torch.float32:
                     out = cut.param.data_ptr()
+                elif a.param.dtype == torch.bfloat16 and fused_update.bf16_param_flags() is not None:
+                    out = cut.param.data_ptr()
+                    dtypes |= fused_update.bf16_param_flags()
                 else:
                     copies.append((cut.param, cut.target))
             constants = self._constants.get(cut.index)
             if constants is None:  # once per parameter and step (the step counts are final by now)
                 constants = self._constants[cut.index] = fused_update.constants(self.hypers[a.group], float(a.step))
             pieces.append(fused_update.Piece(cut.s0 - lo, cut.s1 - cut.s0, cut.target.data_ptr(), cut.grad.data_ptr(),
-                                             out, constants))  # fmt: skip
+                                             out, constants, dtypes))  # fmt: skip
         pieces.sort(key=lambda p: p.start)
         return pieces, copies
 

@@ -40,17 +40,20 @@ def param_sizes(numel: int) -> list[int]:
     return sizes
 
 
-def build(numel: int, *, seed: int = 0) -> list[torch.Tensor]:
-    """fp32 CPU parameters of ``numel`` elements in all, each with a ``.grad``.
+def build(numel: int, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """CPU parameters of ``numel`` elements in all, each with a ``.grad`` of the same ``dtype``.
 
-    Memory: 8 bytes per element (parameter and gradient), touched now so a
-    process's baseline RSS includes it.
+    Memory: 2 x ``dtype``'s size per element (parameter and gradient; fp32: 8
+    bytes), touched now so a process's baseline RSS includes it. Values are
+    drawn in fp32 and rounded, so every dtype sees the same numbers.
     """
     gen = torch.Generator().manual_seed(seed)
     params = []
     for n in param_sizes(numel):
-        p = torch.empty(n, dtype=torch.float32).uniform_(-0.1, 0.1, generator=gen).requires_grad_()
-        p.grad = torch.empty(n, dtype=torch.float32).normal_(0.0, 1e-3, generator=gen)
+        p = torch.empty(n, dtype=torch.float32).uniform_(-0.1, 0.1, generator=gen)
+        g = torch.empty(n, dtype=torch.float32).normal_(0.0, 1e-3, generator=gen)
+        p = p.to(dtype).requires_grad_()
+        p.grad = g.to(dtype)
         params.append(p)
     return params
 
