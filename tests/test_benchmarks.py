@@ -344,3 +344,38 @@ def test_formats_step_script_small(tmp_path, capsys):
     assert rows["int8"]["bytes_per_param"] == pytest.approx(4 + 2 * 1.015625)
     assert rows["int8"]["at_baseline_shard_numel"]["resident_shards"] >= rows["float32"]["resident_shards"]
     assert len(doc["load_average_per_round"]) == 2 and [p.name for p in tmp_path.iterdir()] == ["f.json"]
+
+
+def test_formats_step_script_with_bf16_params(tmp_path):
+    import runpy
+    import sys
+
+    out = tmp_path / "f.json"
+    argv = ["formats_step.py", "--params", "2e5", "--dir", str(tmp_path), "--rounds", "1", "--shard-numel", "4096",
+            "--formats", "float32,int8", "--param-dtype", "bfloat16", "--json", str(out)]
+    old, sys.argv = sys.argv, argv
+    try:
+        with pytest.raises(SystemExit) as done:
+            runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "bench", "formats_step.py"), run_name="__main__")
+    finally:
+        sys.argv = old
+    assert done.value.code == 0
+    doc = json.loads(out.read_text())
+    assert doc["param_dtype"] == "bfloat16" and doc["keep_master"] is True
+    rows = {r["moment_dtype"]: r for r in doc["results"]}
+    assert rows["float32"]["bytes_per_param"] == 12.0  # the fp32 master is kept for bf16 parameters
+    assert rows["int8"]["bytes_per_param"] == pytest.approx(4 + 2 * 1.015625)
+
+
+def test_formats_step_refuses_bf16_params_without_a_master(tmp_path):
+    import runpy
+    import sys
+
+    argv = ["formats_step.py", "--params", "1e5", "--dir", str(tmp_path), "--param-dtype", "bfloat16", "--no-master"]
+    old, sys.argv = sys.argv, argv
+    try:
+        with pytest.raises(SystemExit) as done:
+            runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "bench", "formats_step.py"), run_name="__main__")
+    finally:
+        sys.argv = old
+    assert "--no-master needs fp32 parameters" in str(done.value.code)
