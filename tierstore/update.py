@@ -379,7 +379,8 @@ class ShardUpdate:
             p0 = seg.param_offset + s0 - seg.shard_offset
             p1 = p0 + s1 - s0
             grad = a.grad[p0:p1]
-            if a.staged and not (raw_bf16 and not a.grad_cuda and grad.dtype == torch.bfloat16):
+            raw = raw_bf16 and not a.grad_cuda and grad.dtype == torch.bfloat16 and grad.is_contiguous()
+            if a.staged and not raw:  # a strided bfloat16 gradient is staged: the kernel reads it as dense
                 if not a.grad_cuda:
                     staging[s0:s1].copy_(grad)
                 grad = staging[s0:s1]
@@ -404,7 +405,8 @@ class ShardUpdate:
             if master is not None and not a.cuda:
                 if a.param.dtype == torch.float32:
                     out = cut.param.data_ptr()
-                elif a.param.dtype == torch.bfloat16 and fused_update.bf16_param_flags() is not None:
+                elif (a.param.dtype == torch.bfloat16 and cut.param.is_contiguous()
+                      and fused_update.bf16_param_flags() is not None):
                     out = cut.param.data_ptr()
                     dtypes |= fused_update.bf16_param_flags()
                 else:
