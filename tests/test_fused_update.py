@@ -87,13 +87,16 @@ def test_the_kernel_equals_decode_torch_fused_adamw_encode(fmt, lengths, gaps, h
         fused_update._reference(fmt, reference, n, layout, hs, st_, [g.float() for g in grads],
                                 [expected[s : s + c] for s, c in layout])  # fmt: skip
         assert torch.equal(target.view(torch.int32), expected.view(torch.int32)), f"round {r}: masters differ"
+        # The whole output buffers: each piece's values, and nothing written between or past them.
+        want, want16 = torch.zeros(n), torch.zeros(n, dtype=torch.bfloat16)
         for (start, numel), half in zip(layout, bf16_params):
             new = target[start : start + numel]
             if half and fused_update.bf16_param_flags() is not None:
-                got = out16[start : start + numel]
-                assert torch.equal(got.view(torch.int16), new.to(torch.bfloat16).view(torch.int16)), "bf16 param_out"
+                want16[start : start + numel] = new.to(torch.bfloat16)
             else:
-                assert torch.equal(out[start : start + numel], new), "param_out missed values"
+                want[start : start + numel] = new
+        assert torch.equal(out16.view(torch.int16), want16.view(torch.int16)), "bf16 param_out"
+        assert torch.equal(out.view(torch.int32), want.view(torch.int32)), "fp32 param_out"
         for (c, s), (rc, rs) in zip(stored, reference):
             assert torch.equal(c.view(torch.uint8), rc.view(torch.uint8)), f"round {r}: codes differ"
             assert s is None or torch.equal(s.view(torch.int32), rs.view(torch.int32)), f"round {r}: scales differ"
@@ -140,6 +143,26 @@ def test_the_self_check_passes_on_this_torch_build(fresh):
     assert fused_update.status() == "fused kernel"
 
 
+def test_the_bf16_probe_accepts_this_builds_copy_and_refuses_another_rounding():
+    """Writes bfloat16 parameters only where torch's conversion is the kernel's, bit for bit."""
+    flags = fused_update.bf16_param_flags()
+    assert flags in (None, fused_update.OUT_BF16, fused_update.OUT_BF16 | fused_update._OUT_NAN_ONES)
+    if flags is not None:  # the probed pattern is what copy_ writes for NaN here
+        out = torch.empty(64, dtype=torch.bfloat16)
+        out.copy_(torch.full((64,), float("nan")))
+        assert set(out.view(torch.int16).tolist()) == ({-1} if flags & fused_update._OUT_NAN_ONES else {0x7FC0})
+
+    def truncating(out, src):  # round toward zero: differs on every tie and above-half value
+        out.view(torch.int16).copy_((src.view(torch.int32) >> 16).to(torch.int16))
+
+    def round_half_up(out, src):  # differs from nearest-even on ties with an even upper half only
+        bits = src.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        out.view(torch.int16).copy_(((bits + 0x8000) >> 16).to(torch.int32).to(torch.int16))
+
+    assert fused_update._bf16_flags_for(truncating) is None
+    assert fused_update._bf16_flags_for(round_half_up) is None
+
+
 @pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
 @pytest.mark.parametrize(
     "good, bad",
@@ -158,6 +181,8 @@ def test_the_self_check_passes_on_this_torch_build(fresh):
     ],
 )
 def test_a_fused_kernel_that_differs_from_torch_is_refused(fresh, monkeypatch, caplog, good, bad):
+    if (b"bf16_encode" in good or b"NAN_ONES" in good) and fused_update.bf16_param_flags() is None:
+        pytest.skip("this torch build's bfloat16 copy_ is not the kernel's: bf16 parameters take torch copies")
     source = native._source()
     broken = source.replace(good, bad, 1)
     assert broken != source

@@ -31,7 +31,7 @@ import logging
 import math
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,18 +68,38 @@ def vector_width() -> int:
 @functools.cache
 def bf16_param_flags() -> int | None:
     """The piece flags that write bfloat16 parameters as this torch build's ``Tensor.copy_`` does,
-    or None where its conversion has no single NaN pattern (the parameters then take torch copies).
+    or None where its conversion differs from the kernel's (the parameters then take torch copies).
 
-    Rounding is to nearest even everywhere; NaN differs by build: the AVX2
-    vector conversion gives 0xFFFF, the scalar one 0x7FC0.
+    The kernel rounds to nearest even; NaN differs by build: the AVX2 vector
+    conversion gives 0xFFFF, the scalar one 0x7FC0. Both are checked on fixed
+    bit patterns (ties of either parity, signed zeros, subnormals, infinities,
+    the largest finite values) at lengths that take torch's scalar, vector and
+    parallel paths.
     """
-    nan = torch.tensor([float("nan"), -float("nan")]).repeat(40)
-    nan[5:9].view(torch.int32)[:] = torch.tensor([0x7F800001, 0x7FFFFFFF, -1, 0x7FC00001], dtype=torch.int32)
+    return _bf16_flags_for(lambda out, src: out.copy_(src))
+
+
+def _bf16_flags_for(convert: Callable[[Tensor, Tensor], object]) -> int | None:
+    """:func:`bf16_param_flags` for the fp32 -> bfloat16 conversion ``convert(out, src)``."""
+    patterns = [0x3F808000, 0x3F818000, 0x3F808001, 0x3F817FFF, 0x00000000, 0x80000000, 0x00000001,
+                0x807FFFFF, 0x00008000, 0x00018000, 0x7F800000, 0xFF800000, 0x7F7FFFFF, 0xFF7FFFFF,
+                0x7F7F7FFF, 0x3DCCCCCD]  # fmt: skip
+    nans = [0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00001]
+    bits = np.array(patterns + nans, dtype=np.uint32)
+    expected = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint32)  # the kernel's rounding
+    is_nan = np.zeros(len(bits), dtype=bool)
+    is_nan[len(patterns) :] = True
     seen = set()
-    for n in (1, 2, 7, 8, 9, 33, 80):
-        out = torch.empty(n, dtype=torch.bfloat16)
-        out.copy_(nan[:n] if n != 1 else nan[6:7])
-        seen.update(v & 0xFFFF for v in out.view(torch.int16).tolist())
+    for n in (1, 2, 7, 8, 9, 33, 80, 40_000):
+        reps = -(-n // len(bits))
+        src = torch.from_numpy(np.tile(bits, reps)[:n].view(np.float32).copy())
+        out = torch.empty(n, dtype=torch.float32).to(torch.bfloat16)
+        convert(out, src)
+        got = out.view(torch.int16).numpy().view(np.uint16)
+        nan_mask = np.tile(is_nan, reps)[:n]
+        if not np.array_equal(got[~nan_mask], np.tile(expected, reps)[:n][~nan_mask]):
+            return None
+        seen.update(int(v) for v in got[nan_mask])
     if seen == {0xFFFF}:
         return OUT_BF16 | _OUT_NAN_ONES
     return OUT_BF16 if seen == {0x7FC0} else None
@@ -198,10 +218,16 @@ def status() -> str:
 # -- the self-check ---------------------------------------------------------------------
 
 
+def _variant(i: int, variants: int) -> int:
+    """The hyperparameter set of self-check piece ``i``: every set meets every tail length and every
+    output kind (the output kind is ``i % 4``, so the set is shifted by the tail, ``i // variants``)."""
+    return (i + i // variants) % variants
+
+
 def _case_pieces(vec: int, variants: int) -> list[tuple[int, int]]:
     """(start, numel) of pieces with every tail length 0..vec-1 for each of ``variants`` hyperparameter
-    sets (piece i takes set i % variants), inside, across and at the end of blocks, with gaps between
-    some (the elements of parameters without a gradient)."""
+    sets (piece i takes set :func:`_variant`), inside, across and at the end of blocks, with gaps
+    between some (the elements of parameters without a gradient)."""
     out, at = [], 0
     for i in range(vec * variants):
         tail = i // variants
@@ -244,7 +270,7 @@ def _self_check(k: native.Kernel) -> str | None:
                 stored_ref = [codecs.split(fmt, torch.zeros(fmt.encoded_nbytes(n), dtype=torch.uint8), n)
                               for _ in codecs.FIELDS]  # fmt: skip
                 targets = torch.randn(n, generator=gen)
-            hypers = [variants[i % len(variants)] for i in range(len(layout))]
+            hypers = [variants[_variant(i, len(variants))] for i in range(len(layout))]
             steps = [torch.tensor(float(1 + round_ * (7 + i))) for i in range(len(layout))]
             grads = []
             for i, (_, numel) in enumerate(layout):
@@ -282,12 +308,15 @@ def _self_check(k: native.Kernel) -> str | None:
                     return f"{fmt.name} moments differ from decode -> torch._fused_adamw_ -> encode (step {round_ + 1})"
             if not torch.equal(mine.view(torch.int32), targets.view(torch.int32)):
                 return f"{fmt.name} parameters differ from torch._fused_adamw_ (step {round_ + 1})"
+            # Whole buffers: each piece's output gets its new values, and nothing else is written.
+            want, want16 = torch.full((n,), 7.0), torch.full((n,), 7.0, dtype=torch.bfloat16)
             for i, (start, numel) in enumerate(layout):
-                want = targets[start : start + numel] if i % 4 == 1 else torch.full((numel,), 7.0)
-                want16 = targets[start : start + numel].to(torch.bfloat16) if i % 4 == 3 and bf16_param_flags() else torch.full(
-                    (numel,), 7.0, dtype=torch.bfloat16)
-                if not torch.equal(out[start : start + numel].view(torch.int32), want.view(torch.int32)):
-                    return f"{fmt.name}: param_out does not receive the new values"
-                if not torch.equal(out16[start : start + numel].view(torch.int16), want16.view(torch.int16)):
-                    return f"{fmt.name}: a bfloat16 param_out does not receive the rounded new values"
+                if i % 4 == 1:
+                    want[start : start + numel] = targets[start : start + numel]
+                elif i % 4 == 3 and bf16_param_flags() is not None:
+                    want16[start : start + numel] = targets[start : start + numel].to(torch.bfloat16)
+            if not torch.equal(out.view(torch.int32), want.view(torch.int32)):
+                return f"{fmt.name}: param_out does not receive the new values (or is written outside its pieces)"
+            if not torch.equal(out16.view(torch.int16), want16.view(torch.int16)):
+                return f"{fmt.name}: a bfloat16 param_out does not receive the rounded new values"
     return None
