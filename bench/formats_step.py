@@ -60,7 +60,8 @@ def _resident_at(numel: int, fmt: str, *, budget: int, shard_numel: int, keep_ma
                   workers=len(os.sched_getaffinity(0)))
     meta = [torch.empty(n, device="meta", dtype=dtype, requires_grad=True) for n in _sizes(numel)]
     layout = Layout.build([meta], shard_numel=spec.shard_numel, fields=spec.fields, moment_dtype=fmt)
-    plan = plan_tiers(layout, ram_budget=budget, arena_slots=spec.arena_slots, workers=spec.workers)
+    plan = plan_tiers(layout, ram_budget=budget, arena_slots=spec.arena_slots,
+                      staging_buffers=spec.staging_buffers, workers=spec.workers)
     return {"shard_numel": layout.shard_numel, "shards": len(layout.shards), "resident_shards": len(plan.resident),
             "resident_params": sum(layout.shards[i].capacity for i in plan.resident),
             "slot_bytes": plan.slot_nbytes, "scratch_bytes": plan.scratch_nbytes}

@@ -352,7 +352,7 @@ def test_formats_step_script_with_bf16_params(tmp_path):
 
     out = tmp_path / "f.json"
     argv = ["formats_step.py", "--params", "2e5", "--dir", str(tmp_path), "--rounds", "1", "--shard-numel", "4096",
-            "--formats", "float32,int8", "--param-dtype", "bfloat16", "--json", str(out)]
+            "--formats", "float32,bfloat16,int8", "--param-dtype", "bfloat16", "--json", str(out)]
     old, sys.argv = sys.argv, argv
     try:
         with pytest.raises(SystemExit) as done:
@@ -365,6 +365,8 @@ def test_formats_step_script_with_bf16_params(tmp_path):
     rows = {r["moment_dtype"]: r for r in doc["results"]}
     assert rows["float32"]["bytes_per_param"] == 12.0  # the fp32 master is kept for bf16 parameters
     assert rows["int8"]["bytes_per_param"] == pytest.approx(4 + 2 * 1.015625)
+    for row in rows.values():  # --shard-numel fixes the shard: the arithmetic count is the measured one
+        assert row["at_baseline_shard_numel"]["resident_shards"] == row["resident_shards"], row["moment_dtype"]
 
 
 def test_formats_step_refuses_bf16_params_without_a_master(tmp_path):
