@@ -140,7 +140,7 @@ class Piece:
     grad: int  # address of the gradient: fp32, or bfloat16 with GRAD_BF16 in dtypes
     param_out: int  # address of a parameter that takes the new values (fp32, or bfloat16 with OUT_BF16), or 0
     constants: bytes  # :func:`constants`
-    dtypes: int = 0  # GRAD_BF16 | OUT_BF16
+    dtypes: int = 0  # GRAD_BF16 | OUT_BF16 (| _OUT_NAN_ONES: NaN written as 0xFFFF, see bf16_param_flags)
 
     def pack(self, vec: int) -> bytes:
         head = _PIECE_HEAD.pack(self.target, self.grad, self.param_out, self.start, self.numel, vec)

@@ -26,7 +26,8 @@ without a gradient are not touched, so the result equals decode -> kernel ->
 encode on whole shards, bit for bit, for any chunking and thread count.
 Where the compiled kernel passes its self-check (:mod:`tierstore.fused_update`),
 a worker runs a chunk's decode, kernel and encode in one compiled call instead,
-with the same bytes.
+with the same bytes; that call also reads dense bfloat16 CPU gradients and writes
+dense bfloat16 CPU parameters itself (no staging copy, no ``param.copy_``).
 
 Example
 -------
@@ -77,7 +78,8 @@ class ActiveParam:
     group: int
     param: Tensor  # flat view of the (local) parameter's data
     grad: Tensor  # flat view of its gradient
-    staged: bool  # the gradient passes through staging before the kernel (other dtype or device)
+    staged: bool  # the gradient passes through staging before the kernel (other dtype or device; the fused
+    # kernel reads dense bfloat16 CPU gradients unstaged, see ShardUpdate._cuts)
     cuda: bool  # the parameter lives on a GPU (its new value goes up)
     step: Tensor  # the parameter's step count (torch's per-parameter state["step"])
     grad_cuda: bool = False  # the gradient lives on a GPU (it comes down through staging)
