@@ -15,7 +15,11 @@ float32, per round, median) is what the targets compare:
   the kernel buys.
 
 The load average is sampled before every round and reported (the dev machine
-is shared). Needs 4 B/param of gradients plus, per format, 4 B/param of
+is shared). Per step the script also records where the machine's CPU time went
+(``/proc/stat``: user, system, iowait, idle, steal, as shares of all CPUs) and
+the seconds the compiled update kernel ran, summed over the update's workers,
+so a step that is CPU-bound (little iowait and idle, kernel time near
+workers x update time) is told from one that waits on the drive. Needs 4 B/param of gradients plus, per format, 4 B/param of
 parameters and its budget of RAM, and its state files on disk (checked before
 anything is allocated).
 
@@ -52,6 +56,49 @@ from tierstore.spec import decide
 FORMATS = ("float32", "bfloat16", "int8")
 
 
+_CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def _cpu_ticks() -> list[int] | None:
+    """The machine's CPU time counters (``/proc/stat``, all CPUs), None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1 : 1 + len(_CPU_FIELDS)]]
+    except (OSError, ValueError):
+        return None
+
+
+def _cpu_split(before: list[int] | None, after: list[int] | None) -> dict | None:
+    """Shares of the CPU time between two :func:`_cpu_ticks` (user includes nice, system irq)."""
+    if before is None or after is None:
+        return None
+    d = dict(zip(_CPU_FIELDS, (b - a for a, b in zip(before, after))))
+    total = sum(d.values()) or 1
+    return {"user": (d["user"] + d["nice"]) / total, "system": (d["system"] + d["irq"] + d["softirq"]) / total,
+            "iowait": d["iowait"] / total, "idle": d["idle"] / total, "steal": d["steal"] / total}
+
+
+class _KernelClock:
+    """Seconds spent in the compiled update kernel, summed over the threads that call it."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._real = native.Kernel.update
+        clock = self
+
+        def update(kernel, *args):  # noqa: ANN001, ANN202
+            t0 = time.perf_counter()
+            try:
+                return clock._real(kernel, *args)
+            finally:
+                clock.seconds += time.perf_counter() - t0  # float += under the GIL: a lost add is noise
+
+        native.Kernel.update = update
+
+    def close(self) -> None:
+        native.Kernel.update = self._real
+
+
 def _resident_at(numel: int, fmt: str, *, budget: int, shard_numel: int, keep_master: bool,
                  dtype: torch.dtype = torch.float32) -> dict:
     """Resident shards and parameters of ``fmt`` at a fixed shard size (pure arithmetic, meta tensors)."""
@@ -65,6 +112,15 @@ def _resident_at(numel: int, fmt: str, *, budget: int, shard_numel: int, keep_ma
     return {"shard_numel": layout.shard_numel, "shards": len(layout.shards), "resident_shards": len(plan.resident),
             "resident_params": sum(layout.shards[i].capacity for i in plan.resident),
             "slot_bytes": plan.slot_nbytes, "scratch_bytes": plan.scratch_nbytes}
+
+
+def _cpu_median(steps: list[dict]) -> dict:
+    """Per-step medians of :class:`_KernelClock` and :func:`_cpu_split` figures."""
+    out = {k: statistics.median(x[k] for x in steps) for k in ("process_cpu_s", "kernel_s")}
+    machine = [x["machine"] for x in steps if x["machine"] is not None]
+    if machine:
+        out["machine"] = {k: statistics.median(m[k] for m in machine) for k in machine[0]}
+    return out
 
 
 def _sizes(numel: int) -> list[int]:
@@ -112,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     params = build(numel, dtype=param_dtype)
     runs = []
     loads = []
+    kernel_clock = _KernelClock()
     try:
         for entry in formats:
             fmt, _, threads = entry.partition(":")
@@ -119,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
             for p, q in zip(params, copies):
                 q.grad = p.grad
-            run = {"moment_dtype": entry, "opt": None, "dir": tempfile.mkdtemp(dir=args.dir), "s": [], "split": [],
+            run = {"moment_dtype": entry, "opt": None, "dir": tempfile.mkdtemp(dir=args.dir), "s": [], "split": [], "cpu": [],
                    "codec": native.suspended if impl == "torch" else contextlib.nullcontext}
             runs.append(run)  # registered first, so its directory is removed on any error
             run["opt"] = TieredAdamW(copies, state_dir=run["dir"], ram_budget=budget, backend=args.backend,
@@ -134,9 +191,13 @@ def main(argv: list[str] | None = None) -> int:
             order = runs[r % len(runs):] + runs[: r % len(runs)]
             for run in order:
                 with run["codec"]():
+                    ticks, k0, cpu0 = _cpu_ticks(), kernel_clock.seconds, time.process_time()
                     t0 = time.perf_counter()
                     run["opt"].step()
                     run["s"].append(time.perf_counter() - t0)
+                    cpu = time.process_time() - cpu0
+                    run["cpu"].append({"process_cpu_s": cpu, "kernel_s": kernel_clock.seconds - k0,
+                                       "machine": _cpu_split(ticks, _cpu_ticks())})
                 st = run["opt"].last_step_stats
                 run["split"].append({"read_wait": st.read_wait, "update": st.update, "write_wait": st.write_wait,
                                      "bytes_read": st.bytes_read, "bytes_written": st.bytes_written})
@@ -153,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                 "paired_vs_first": statistics.median(a / b for a, b in zip(run["s"], base)),
                 "steps_s": run["s"],
                 "split_median_s": {k: statistics.median(x[k] for x in run["split"]) for k in ("read_wait", "update", "write_wait")},
+                "cpu_median": _cpu_median(run["cpu"]), "cpu_per_step": run["cpu"],
                 "bytes_read": run["split"][-1]["bytes_read"], "bytes_written": run["split"][-1]["bytes_written"],
                 "state_bytes": plan.state_nbytes, "bytes_per_param": opt.layout.bytes_per_element,
                 "shard_numel": opt.layout.shard_numel, "shards": len(opt.layout.shards),
@@ -162,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                 "describe": run["describe"],
             })
     finally:
+        kernel_clock.close()
         for run in runs:
             if run["opt"] is not None:
                 run["opt"].close()
@@ -180,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['bytes_per_param']:.2f} B/param  resident {row['resident_shards']}/{row['shards']} shards of "
               f"{row['shard_numel']:,} ({row['resident_params']:,} params); at shard_numel={same_shard:,}: "
               f"{same['resident_shards']}/{same['shards']}  split {row['split_median_s']}")
+        cpu = row["cpu_median"]
+        machine = cpu.get("machine")
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in machine.items()) if machine else "n/a"
+        print(f"            process CPU {cpu['process_cpu_s']:.3f} s/step, compiled kernel {cpu['kernel_s']:.3f} s "
+              f"(summed over workers); machine CPU: {shares}")
     if args.json:
         document = {"tool": "bench/formats_step.py", "argv": sys.argv, "params": numel, "param_dtype": args.param_dtype, "keep_master": keep_master,
                     "update_threads": args.update_threads,

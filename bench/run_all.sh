@@ -65,7 +65,7 @@ for k in 1 2 3 4 5 6 7 8; do
       --formats float32,bfloat16,int8,bfloat16@torch,int8@torch --json "$OUT/formats-step-2e8-$k.json"
 done
 # The same with bf16 parameters and gradients (fp32 masters in the state): the mixed-precision configuration.
-for k in 1 2 3 4 5; do
+for k in 1 2 3 4 5 6; do
   run "formats-step-2e8-bf16-params-$k" python bench/formats_step.py --params 2e8 --dir "$DIR" --rounds 7 \
       --formats float32,bfloat16,int8 --param-dtype bfloat16 --json "$OUT/formats-step-2e8-bf16-params-$k.json"
 done

@@ -367,6 +367,19 @@ def test_formats_step_script_with_bf16_params(tmp_path):
     assert rows["int8"]["bytes_per_param"] == pytest.approx(4 + 2 * 1.015625)
     for row in rows.values():  # --shard-numel fixes the shard: the arithmetic count is the measured one
         assert row["at_baseline_shard_numel"]["resident_shards"] == row["resident_shards"], row["moment_dtype"]
+    # Where the CPU time went: the compiled kernel ran only for the compressed formats, and the
+    # machine's shares are of the step's whole CPU time.
+    from tierstore import fused_update
+
+    assert rows["float32"]["cpu_median"]["kernel_s"] == 0.0
+    if fused_update.kernel() is not None:
+        assert all(step["kernel_s"] > 0 for step in rows["int8"]["cpu_per_step"])
+    for row in rows.values():
+        assert row["cpu_median"]["process_cpu_s"] > 0
+        machine = row["cpu_median"].get("machine")
+        if os.path.exists("/proc/stat"):
+            assert set(machine) == {"user", "system", "iowait", "idle", "steal"}
+            assert 0.9 < sum(machine.values()) < 1.1
 
 
 def test_formats_step_refuses_bf16_params_without_a_master(tmp_path):
