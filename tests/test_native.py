@@ -97,13 +97,22 @@ def test_a_failing_compiler_falls_back_with_its_message(fresh, monkeypatch):
 
 
 @pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
-def test_a_kernel_that_computes_wrong_bytes_is_refused(fresh, monkeypatch):
-    # A deliberately broken build (decode doubles every value) must fail the load-time self-check.
-    good = native._source()
-    broken = good.replace(b"out[i] = values[c[i]] * s;", b"out[i] = values[c[i]] * s * 2.0f;")
-    assert broken != good
+@pytest.mark.parametrize(
+    "good, bad, what",
+    [
+        # Decode doubles every value.
+        (b"out[i] = values[c[i]] * s;", b"out[i] = values[c[i]] * s * 2.0f;", "decode of exp_avg"),
+        # The packed encode stores its eight codes in reverse order (a big-endian packing).
+        (b"<< (8 * j);", b"<< (8 * (7 - j));", "encode of exp_avg"),
+    ],
+)
+def test_a_kernel_that_computes_wrong_bytes_is_refused(fresh, monkeypatch, good, bad, what):
+    # A deliberately broken build must fail the load-time self-check.
+    source = native._source()
+    broken = source.replace(good, bad)
+    assert broken != source
     monkeypatch.setattr(native, "_source", lambda: broken)
-    with pytest.warns(UserWarning, match="decode of exp_avg differs"):
+    with pytest.warns(UserWarning, match=f"{what} differs"):
         assert codecs.native_kernel() is None
     assert "failed its self-check" in native.status()
 
