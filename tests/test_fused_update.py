@@ -206,17 +206,22 @@ def test_a_fused_kernel_that_differs_from_torch_is_refused(fresh, monkeypatch, c
         assert torch.equal(mine[0], ref[0])
 
 
-def test_a_strided_bf16_gradient_is_staged_not_read_as_dense():
-    """A gradient that flattens to a strided view (a step slice) must give the oracle's result."""
-    _need_fused()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fmt", ["float32", "int8"])
+def test_a_strided_gradient_is_not_read_as_dense(dtype, fmt):
+    """A gradient that flattens to a strided view (a step slice, an expand) gives the oracle's
+    result, the same as its dense copy."""
     gen = torch.Generator().manual_seed(5)
-    mine = [torch.nn.Parameter(torch.randn(3000, generator=gen).to(torch.bfloat16))]
-    ref = [torch.nn.Parameter(mine[0].detach().clone())]
-    with TieredAdamW(mine, lr=1e-2, moment_dtype="int8") as opt:
-        oracle = FormatOracle(ref, lr=1e-2, moment_dtype="int8")
+    mine = [torch.nn.Parameter(torch.randn(3000, generator=gen).to(dtype)), torch.nn.Parameter(torch.randn(4, 50))]
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in mine]
+    with TieredAdamW(mine, lr=1e-2, moment_dtype=fmt) as opt:
+        oracle = FormatOracle(ref, lr=1e-2, moment_dtype=fmt)
         for _ in range(2):
-            big = torch.randn(6000, generator=gen).to(torch.bfloat16)
+            big = torch.randn(6000, generator=gen).to(dtype)
+            row = torch.randn(1, 50, generator=gen)
             mine[0].grad, ref[0].grad = big[::2], big[::2].clone()
+            mine[1].grad, ref[1].grad = row.expand(4, 50), row.expand(4, 50).clone()
             opt.step()
             oracle.step()
-        assert torch.equal(mine[0].view(torch.int16), ref[0].view(torch.int16))
+        for a, b in zip(mine, ref):
+            assert torch.equal(a.detach().view(-1).view(torch.int16), b.detach().view(-1).view(torch.int16))

@@ -148,10 +148,13 @@ def gather(
         st = state[p]
         if "step" not in st:
             st["step"] = step_tensor(0)
+        flat = g.reshape(-1)
+        if not flat.is_contiguous():  # a strided gradient (a slice, an expand): the kernels read dense runs
+            flat = flat.contiguous()
         active[i] = ActiveParam(
             group=entry.group,
             param=local.detach().view(-1),
-            grad=g.reshape(-1),
+            grad=flat,
             staged=local.device.type == "cuda" or g.dtype != torch.float32 or g.device.type != "cpu",
             cuda=local.device.type == "cuda",
             step=st["step"],
@@ -381,8 +384,8 @@ class ShardUpdate:
             p0 = seg.param_offset + s0 - seg.shard_offset
             p1 = p0 + s1 - s0
             grad = a.grad[p0:p1]
-            raw = raw_bf16 and not a.grad_cuda and grad.dtype == torch.bfloat16 and grad.is_contiguous()
-            if a.staged and not raw:  # a strided bfloat16 gradient is staged: the kernel reads it as dense
+            raw = raw_bf16 and not a.grad_cuda and grad.dtype == torch.bfloat16
+            if a.staged and not raw:
                 if not a.grad_cuda:
                     staging[s0:s1].copy_(grad)
                 grad = staging[s0:s1]
@@ -407,8 +410,7 @@ class ShardUpdate:
             if master is not None and not a.cuda:
                 if a.param.dtype == torch.float32:
                     out = cut.param.data_ptr()
-                elif (a.param.dtype == torch.bfloat16 and cut.param.is_contiguous()
-                      and fused_update.bf16_param_flags() is not None):
+                elif a.param.dtype == torch.bfloat16 and fused_update.bf16_param_flags() is not None:
                     out = cut.param.data_ptr()
                     dtypes |= fused_update.bf16_param_flags()
                 else:
