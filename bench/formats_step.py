@@ -39,6 +39,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -73,17 +74,21 @@ def _cpu_split(before: list[int] | None, after: list[int] | None) -> dict | None
     if before is None or after is None:
         return None
     d = dict(zip(_CPU_FIELDS, (b - a for a, b in zip(before, after))))
-    total = sum(d.values()) or 1
+    total = sum(d.values())
+    if total == 0:  # a step shorter than a clock tick
+        return None
     return {"user": (d["user"] + d["nice"]) / total, "system": (d["system"] + d["irq"] + d["softirq"]) / total,
             "iowait": d["iowait"] / total, "idle": d["idle"] / total, "steal": d["steal"] / total}
 
 
 class _KernelClock:
-    """Seconds spent in the compiled update kernel, summed over the threads that call it."""
+    """Wall seconds inside the compiled update kernel, summed over the threads that call it (time
+    the hypervisor steals from a thread in the kernel counts too)."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
         self._real = native.Kernel.update
+        lock = threading.Lock()
         clock = self
 
         def update(kernel, *args):  # noqa: ANN001, ANN202
@@ -91,7 +96,9 @@ class _KernelClock:
             try:
                 return clock._real(kernel, *args)
             finally:
-                clock.seconds += time.perf_counter() - t0  # float += under the GIL: a lost add is noise
+                spent = time.perf_counter() - t0
+                with lock:
+                    clock.seconds += spent
 
         native.Kernel.update = update
 
@@ -246,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         cpu = row["cpu_median"]
         machine = cpu.get("machine")
         shares = ", ".join(f"{k} {v:.0%}" for k, v in machine.items()) if machine else "n/a"
-        print(f"            process CPU {cpu['process_cpu_s']:.3f} s/step, compiled kernel {cpu['kernel_s']:.3f} s "
-              f"(summed over workers); machine CPU: {shares}")
+        print(f"            process CPU {cpu['process_cpu_s']:.3f} s/step, in the compiled kernel {cpu['kernel_s']:.3f} s "
+              f"(wall, summed over workers); machine CPU: {shares}")
     if args.json:
         document = {"tool": "bench/formats_step.py", "argv": sys.argv, "params": numel, "param_dtype": args.param_dtype, "keep_master": keep_master,
                     "update_threads": args.update_threads,

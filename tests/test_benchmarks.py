@@ -376,8 +376,8 @@ def test_formats_step_script_with_bf16_params(tmp_path):
         assert all(step["kernel_s"] > 0 for step in rows["int8"]["cpu_per_step"])
     for row in rows.values():
         assert row["cpu_median"]["process_cpu_s"] > 0
-        machine = row["cpu_median"].get("machine")
-        if os.path.exists("/proc/stat"):
+        machine = row["cpu_median"].get("machine")  # absent where every step was shorter than a tick
+        if machine is not None:
             assert set(machine) == {"user", "system", "iowait", "idle", "steal"}
             assert 0.9 < sum(machine.values()) < 1.1
 

@@ -74,7 +74,7 @@ def test_the_kernel_equals_decode_torch_fused_adamw_encode(fmt, lengths, gaps, h
         grads = [g.to(torch.bfloat16) if half else g for g, half in zip(grads, bf16_grads)]
         hs = hyper[: len(layout)]
         st_ = [torch.tensor(float(s + r)) for s in steps[: len(layout)]]
-        out, out16 = torch.zeros(n), torch.zeros(n, dtype=torch.bfloat16)
+        out, out16 = torch.full((n,), 7.0), torch.full((n,), 7.0, dtype=torch.bfloat16)
         pieces = []
         for (start, numel), g, h, s, half in zip(layout, grads, hs, st_, bf16_params):
             half = half and fused_update.bf16_param_flags() is not None
@@ -88,7 +88,7 @@ def test_the_kernel_equals_decode_torch_fused_adamw_encode(fmt, lengths, gaps, h
                                 [expected[s : s + c] for s, c in layout])  # fmt: skip
         assert torch.equal(target.view(torch.int32), expected.view(torch.int32)), f"round {r}: masters differ"
         # The whole output buffers: each piece's values, and nothing written between or past them.
-        want, want16 = torch.zeros(n), torch.zeros(n, dtype=torch.bfloat16)
+        want, want16 = torch.full((n,), 7.0), torch.full((n,), 7.0, dtype=torch.bfloat16)
         for (start, numel), half in zip(layout, bf16_params):
             new = target[start : start + numel]
             if half and fused_update.bf16_param_flags() is not None:
@@ -161,6 +161,25 @@ def test_the_bf16_probe_accepts_this_builds_copy_and_refuses_another_rounding():
 
     assert fused_update._bf16_flags_for(truncating) is None
     assert fused_update._bf16_flags_for(round_half_up) is None
+
+    def nearest_even(nan):  # the kernel's own rounding, with one NaN pattern
+        def convert(out, src):
+            bits = src.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+            rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+            rounded = torch.where((bits & 0x7FFFFFFF) > 0x7F800000, nan, rounded)
+            out.view(torch.int16).copy_(rounded.to(torch.int32).to(torch.int16))
+
+        return convert
+
+    def nan_by_length(out, src):  # 0xFFFF from whole vectors, 0x7FC0 from scalar tails
+        nearest_even(0xFFFF)(out, src)
+        n = out.numel()
+        tail = out[n - n % 8 :]
+        nearest_even(0x7FC0)(tail, src[n - n % 8 :])
+
+    assert fused_update._bf16_flags_for(nearest_even(0x7FC0)) == fused_update.OUT_BF16
+    assert fused_update._bf16_flags_for(nearest_even(0xFFFF)) == fused_update.OUT_BF16 | fused_update._OUT_NAN_ONES
+    assert fused_update._bf16_flags_for(nan_by_length) is None
 
 
 @pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")

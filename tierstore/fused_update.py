@@ -90,16 +90,20 @@ def _bf16_flags_for(convert: Callable[[Tensor, Tensor], object]) -> int | None:
     is_nan = np.zeros(len(bits), dtype=bool)
     is_nan[len(patterns) :] = True
     seen = set()
+    # Each length three times: the patterns as listed, rotated so NaNs come first, and NaNs
+    # alone (so a length-1 conversion and every vector's scalar tail meet NaNs too).
+    orders = [np.arange(len(bits)), np.roll(np.arange(len(bits)), -len(patterns)), np.nonzero(is_nan)[0]]
     for n in (1, 2, 7, 8, 9, 33, 80, 40_000):
-        reps = -(-n // len(bits))
-        src = torch.from_numpy(np.tile(bits, reps)[:n].view(np.float32).copy())
-        out = torch.empty(n, dtype=torch.float32).to(torch.bfloat16)
-        convert(out, src)
-        got = out.view(torch.int16).numpy().view(np.uint16)
-        nan_mask = np.tile(is_nan, reps)[:n]
-        if not np.array_equal(got[~nan_mask], np.tile(expected, reps)[:n][~nan_mask]):
-            return None
-        seen.update(int(v) for v in got[nan_mask])
+        for order in orders:
+            take = np.resize(order, n)
+            src = torch.from_numpy(bits[take].view(np.float32).copy())
+            out = torch.empty(n, dtype=torch.float32).to(torch.bfloat16)
+            convert(out, src)
+            got = out.view(torch.int16).numpy().view(np.uint16)
+            nan_mask = is_nan[take]
+            if not np.array_equal(got[~nan_mask], expected[take][~nan_mask]):
+                return None
+            seen.update(int(v) for v in got[nan_mask])
     if seen == {0xFFFF}:
         return OUT_BF16 | _OUT_NAN_ONES
     return OUT_BF16 if seen == {0x7FC0} else None
