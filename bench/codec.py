@@ -18,16 +18,9 @@ import torch
 
 from tierstore.benchmarks import codec_speed
 from tierstore.benchmarks.report import machine_info
+from tierstore.benchmarks.workload import parse_elements
 
 DEFAULT_FORMATS = "float32,bfloat16,bfloat16@torch,int8,int8@torch,bfloat16-stochastic,int8-stochastic"
-
-
-def _count(text: str) -> int:
-    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
-    for suffix, factor in units.items():
-        if text.endswith(suffix):
-            return int(float(text[: -len(suffix)]) * factor)
-    return int(float(text))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", required=True, help="where to write the JSON")
     args = ap.parse_args(argv)
     result = codec_speed.measure(
-        numel=_count(args.numel), rounds=args.rounds, formats=args.formats.split(","), threads=args.threads,
+        numel=parse_elements(args.numel), rounds=args.rounds, formats=args.formats.split(","), threads=args.threads,
         drive=args.dir,
     )
     result = {"tool": "bench/codec.py", "argv": sys.argv, "machine": machine_info(),

@@ -58,18 +58,19 @@ run step-durable-2e8 python bench/step.py --params 2e8 --ram-budget 1/8 --dir "$
 TMPDIR="$DIR" run overlap-stream-5e7 python bench/overlap.py --ram-budget 1/8 --json "$OUT/overlap-stream-5e7.json"
 TMPDIR="$DIR" run overlap-ram-5e7 python bench/overlap.py --ram-budget none --json "$OUT/overlap-ram-5e7.json"
 # 13. Streamed step per moment format at 2e8, ram_budget 1/8 of the float32 state, beside the same formats' update
-#     in torch ops (@torch); eight runs, since the compressed steps are CPU-bound on small machines. Then the codecs'
+#     in torch ops (@torch); fourteen runs, since the compressed steps are CPU-bound on small machines and move with the host. Then the codecs'
 #     and updates' params/s beside the drive.
-for k in 1 2 3 4 5 6 7 8; do
+for k in $(seq 1 14); do
   run "formats-step-2e8-$k" python bench/formats_step.py --params 2e8 --dir "$DIR" --rounds 7 \
       --formats float32,bfloat16,int8,bfloat16@torch,int8@torch --json "$OUT/formats-step-2e8-$k.json"
 done
 # The same with bf16 parameters and gradients (fp32 masters in the state): the mixed-precision configuration.
-for k in 1 2 3 4 5 6; do
+for k in 1 2 3 4 5 6 7 8 9; do
   run "formats-step-2e8-bf16-params-$k" python bench/formats_step.py --params 2e8 --dir "$DIR" --rounds 7 \
       --formats float32,bfloat16,int8 --param-dtype bfloat16 --json "$OUT/formats-step-2e8-bf16-params-$k.json"
 done
 run codec python bench/codec.py --numel 4Mi --rounds 9 --dir "$DIR" --json "$OUT/codec.json"
+run kernel-parts python bench/kernel_parts.py --numel 16Mi --rounds 7 --json "$OUT/kernel-parts.json"
 # 14. Convergence of the formats beside fp32 AdamW, torchao and bitsandbytes (about 25 minutes), two more demo seeds.
 run convergence python bench/convergence.py --models gpt2,demo --steps 1000 --json "$OUT/convergence-main.json"
 for seed in 1 2; do

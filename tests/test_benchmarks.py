@@ -394,3 +394,38 @@ def test_formats_step_refuses_bf16_params_without_a_master(tmp_path):
     finally:
         sys.argv = old
     assert "--no-master needs fp32 parameters" in str(done.value.code)
+
+
+def _bench_module(name):
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "bench", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_kernel_parts_variants_still_match_the_kernel_source():
+    """Each timing variant replaces a line that is in codec_kernel.c exactly once (else it would rot)."""
+    from tierstore import native
+
+    parts = _bench_module("kernel_parts")
+    source = native._source()
+    for name, (good, _) in parts.VARIANTS.items():
+        assert good is None or source.count(good) == 1, name
+
+
+def test_kernel_parts_script_times_each_variant(tmp_path):
+    from tierstore import native
+
+    if native._compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    parts = _bench_module("kernel_parts")
+    out = tmp_path / "k.json"
+    assert parts.main(["--numel", "64Ki", "--rounds", "2", "--variants", "full,no_encode", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["results"]) == {"full", "no_encode"} and doc["results"]["full"]["paired_vs_full"] == 1.0
+    assert all(row["ns_per_param"] > 0 and len(row["seconds"]) == 2 for row in doc["results"].values())
+    with pytest.raises(SystemExit, match="known are"):
+        parts.main(["--variants", "no_such_part"])

@@ -20,6 +20,21 @@ MATRIX_NUMEL = 8 << 20  # 8 Mi elements (32 MiB in fp32)
 BIAS_NUMEL = 4096
 
 
+def parse_elements(text: str) -> int:
+    """An element count written as ``4Mi``, ``16Ki``, ``2e8`` or ``1000`` (binary suffixes).
+
+    Example
+    -------
+    >>> parse_elements("4Mi"), parse_elements("2e8")
+    (4194304, 200000000)
+    """
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * factor)
+    return int(float(text))
+
+
 def param_sizes(numel: int) -> list[int]:
     """Tensor sizes adding up to ``numel``: matrices, each followed by a small bias.
 
