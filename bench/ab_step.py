@@ -3,10 +3,11 @@
 Each configuration gets its own optimizer over copies of the same parameters;
 rounds alternate the optimizers, so every round's times saw the same drive
 weather, and the paired ratio (config k / config 0, per round, median) is
-robust to the drift of a virtual disk. Two diagnostic switches go beyond the
+robust to the drift of a virtual disk. Three diagnostic switches go beyond the
 public knobs: ``"checksums": false`` stubs out the xxh3 hashing (to measure
-what integrity costs; never a production setting) and ``"block"`` sets the
-checksum block size.
+what integrity costs; never a production setting), ``"block"`` sets the
+checksum block size, and ``"hugepages": false`` builds that configuration's
+buffers with 4 KiB pages (``TIERSTORE_HUGEPAGES=0`` while it allocates).
 
 Needs (checked before anything is allocated): 8 bytes per parameter, plus per
 configuration 4 bytes per parameter and its ``ram_budget`` of RAM, and its
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -45,6 +47,7 @@ DEFAULT_BLOCK = integrity.CHECKSUM_BLOCK
 def _apply(diag: dict) -> None:
     integrity.CHECKSUM_BLOCK = diag["block"]
     integrity.BlockDigests.update = REAL_UPDATE if diag["checksums"] else (lambda self, rel, view: None)
+    os.environ["TIERSTORE_HUGEPAGES"] = "1" if diag["hugepages"] else "0"  # read by every new host buffer
 
 
 def _row(run: dict, base: list[float]) -> dict:
@@ -81,7 +84,8 @@ def main() -> int:
     try:
         for cfg in configs:
             cfg = dict(cfg)
-            diag = {"block": cfg.pop("block", DEFAULT_BLOCK), "checksums": cfg.pop("checksums", True)}
+            diag = {"block": cfg.pop("block", DEFAULT_BLOCK), "checksums": cfg.pop("checksums", True),
+                    "hugepages": cfg.pop("hugepages", True)}
             _apply(diag)
             copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
             for p, q in zip(params, copies):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+import os
 import resource
 import threading
 from collections.abc import Callable
@@ -44,11 +45,46 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import ConfigError
 from .sizes import format_size
 
 PAGE = 4096
+HUGE_PAGE = 2 << 20  # x86-64 transparent huge pages; smaller buffers are not advised
 
 log = logging.getLogger(__name__)
+
+
+def huge_pages_wanted() -> bool:
+    """Whether buffers of 2 MiB and more ask the kernel for transparent huge pages
+    (``TIERSTORE_HUGEPAGES``: ``1``, the default, or ``0``).
+
+    Raises
+    ------
+    ConfigError
+        For any other value.
+    """
+    value = os.environ.get("TIERSTORE_HUGEPAGES", "1").strip().lower()
+    if value in ("", "1", "on", "yes", "true", "auto"):
+        return True
+    if value in ("0", "off", "no", "false"):
+        return False
+    raise ConfigError(f"TIERSTORE_HUGEPAGES={value!r} is unknown; use '1' (default) or '0'")
+
+
+def _advise_huge(mm: mmap.mmap, size: int) -> bool:
+    """``madvise(MADV_HUGEPAGE)`` on ``mm`` where wanted and possible; whether it was asked.
+
+    A hint only: with ``transparent_hugepage`` set to ``never``, or where memory is
+    too fragmented, the kernel keeps 4 KiB pages and nothing else changes.
+    """
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None or size < HUGE_PAGE or not huge_pages_wanted():
+        return False
+    try:
+        mm.madvise(advice)
+    except OSError:  # a kernel built without THP
+        return False
+    return True
 
 #: ``register(address, size) -> error code`` (0: pinned); may raise when no CUDA runtime exists.
 RegisterFn = Callable[[int, int], int]
@@ -244,6 +280,10 @@ class HostBuffer:
         self.nbytes = int(nbytes)
         size = max(PAGE, -(-self.nbytes // PAGE) * PAGE)
         self._mmap: mmap.mmap | None = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        # Huge pages before the first touch: O_DIRECT pins a 2 MiB page in one step instead of
+        # 512, and the update's walk over a shard misses the TLB less (bench/ab_step.py
+        # '"hugepages": false' measures it).
+        self.huge = _advise_huge(self._mmap, size)
         self.tensor = torch.frombuffer(self._mmap, dtype=torch.uint8, count=self.nbytes) if self.nbytes else torch.empty(0, dtype=torch.uint8)
         self.view = memoryview(self._mmap)[: self.nbytes]
         self.address = self.tensor.data_ptr() if self.nbytes else 0
