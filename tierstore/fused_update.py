@@ -154,6 +154,13 @@ class Piece:
         return head + self.constants[:_FLAGS_AT] + _FLAGS.pack(flags | self.dtypes)
 
 
+@functools.cache
+def _table_addresses(fmt: codecs.MomentFormat, field: str) -> tuple[int, int]:
+    """Addresses of ``field``'s int8 tables (built once per process and kept: the addresses hold)."""
+    nearest, values = codecs.kernel_tables(fmt, field)
+    return nearest.data_ptr(), values.data_ptr()
+
+
 def fields(fmt: codecs.MomentFormat, stored: Sequence[tuple[Tensor, Tensor | None]], lo: int) -> bytes:
     """The packed fields of a chunk starting at element ``lo``: ``stored`` holds (codes, scales)
     of exp_avg, exp_avg_sq and optionally max_exp_avg_sq, over the whole shard."""
@@ -162,9 +169,8 @@ def fields(fmt: codecs.MomentFormat, stored: Sequence[tuple[Tensor, Tensor | Non
         if scales is None:
             out.append(FIELD.pack(codes.data_ptr() + lo * codes.element_size(), 0, 0, 0))
         else:
-            nearest, values = codecs.kernel_tables(fmt, field)
-            scales_at = scales.data_ptr() + 4 * (lo // fmt.block_numel)
-            out.append(FIELD.pack(codes.data_ptr() + lo, scales_at, nearest.data_ptr(), values.data_ptr()))
+            nearest, values = _table_addresses(fmt, field)  # per chunk: looked up once per process
+            out.append(FIELD.pack(codes.data_ptr() + lo, scales.data_ptr() + 4 * (lo // fmt.block_numel), nearest, values))
     return b"".join(out)
 
 
