@@ -80,7 +80,11 @@ class Workload:
         self.stored = [codecs.split(fmt, torch.zeros(fmt.encoded_nbytes(numel), dtype=torch.uint8), numel)
                        for _ in range(2)]  # fmt: skip
         hyper = GroupHyper(lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False)
-        flags = fused_update.GRAD_BF16 | (fused_update.bf16_param_flags() or 0)
+        out_flags = fused_update.bf16_param_flags()
+        if out_flags is None:  # the kernel would write fp32 into the bf16 parameter buffer
+            raise SystemExit("kernel_parts.py: this torch build's bf16 copy_ is not the kernel's; "
+                             "the fused update writes no bf16 parameters here, so there is nothing to time")
+        flags = fused_update.GRAD_BF16 | out_flags
         const = fused_update.constants(hyper, 10.0)
         vec = fused_update.vector_width()
         self.calls = []

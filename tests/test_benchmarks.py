@@ -429,3 +429,15 @@ def test_kernel_parts_script_times_each_variant(tmp_path):
     assert all(row["ns_per_param"] > 0 and len(row["seconds"]) == 2 for row in doc["results"].values())
     with pytest.raises(SystemExit, match="known are"):
         parts.main(["--variants", "no_such_part"])
+
+
+def test_formats_step_cpu_split_shares_and_a_sub_tick_step():
+    fs = _bench_module("formats_step")
+    before = [100, 0, 50, 300, 20, 0, 10, 20]  # user nice system idle iowait irq softirq steal
+    after = [160, 0, 70, 320, 30, 0, 10, 30]
+    shares = fs._cpu_split(before, after)
+    assert shares == pytest.approx({"user": 60 / 120, "system": 20 / 120, "iowait": 10 / 120, "idle": 20 / 120,
+                                    "steal": 10 / 120})
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert fs._cpu_split(before, before) is None  # no tick elapsed
+    assert fs._cpu_split(None, after) is None  # no /proc/stat

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierstore import TieredAdamW, codecs, fused_update, native
+from tierstore.errors import ParamsChangedError
 from tierstore.hyper import GroupHyper
 from tierstore.testing.formats import FormatOracle
 
@@ -231,7 +232,8 @@ def test_a_strided_gradient_is_not_read_as_dense(dtype, fmt):
     """A gradient that flattens to a strided view (a step slice, an expand) gives the oracle's
     result, the same as its dense copy."""
     gen = torch.Generator().manual_seed(5)
-    mine = [torch.nn.Parameter(torch.randn(3000, generator=gen).to(dtype)), torch.nn.Parameter(torch.randn(4, 50))]
+    mine = [torch.nn.Parameter(torch.randn(3000, generator=gen).to(dtype)), torch.nn.Parameter(torch.randn(4, 50)),
+            torch.nn.Parameter(torch.randn(700))]
     ref = [torch.nn.Parameter(p.detach().clone()) for p in mine]
     with TieredAdamW(mine, lr=1e-2, moment_dtype=fmt) as opt:
         oracle = FormatOracle(ref, lr=1e-2, moment_dtype=fmt)
@@ -240,7 +242,23 @@ def test_a_strided_gradient_is_not_read_as_dense(dtype, fmt):
             row = torch.randn(1, 50, generator=gen)
             mine[0].grad, ref[0].grad = big[::2], big[::2].clone()
             mine[1].grad, ref[1].grad = row.expand(4, 50), row.expand(4, 50).clone()
+            one = torch.randn(1, generator=gen)
+            mine[2].grad, ref[2].grad = one.expand(700), one.expand(700).clone()  # 1-D, stride 0
             opt.step()
             oracle.step()
         for a, b in zip(mine, ref):
             assert torch.equal(a.detach().view(-1).view(torch.int16), b.detach().view(-1).view(torch.int16))
+
+
+def test_a_parameter_made_strided_after_construction_is_refused_before_anything_changes():
+    p = torch.nn.Parameter(torch.randn(64))
+    with TieredAdamW([p], lr=1e-2) as opt:
+        p.grad = torch.randn(64)
+        opt.step()
+        p.data = torch.randn(128)[::2]  # same shape, now strided
+        values = p.detach().clone()
+        p.grad = torch.randn(64)
+        with pytest.raises(ParamsChangedError, match="parameter 0 .* is no longer contiguous"):
+            opt.step()
+        assert torch.equal(p.detach(), values)
+        assert int(opt.state_dict()["state"][0]["step"]) == 1

@@ -148,8 +148,15 @@ def gather(
         st = state[p]
         if "step" not in st:
             st["step"] = step_tensor(0)
+        if not local.is_contiguous():  # checked at construction; `p.data = ...` may have changed it since
+            raise ParamsChangedError(
+                f"parameter {i} (shape {entry.shape}) is no longer contiguous; make it contiguous "
+                "(param.data = param.data.contiguous()) before the step"
+            )
         flat = g.reshape(-1)
-        if not flat.is_contiguous():  # a strided gradient (a slice, an expand): the kernels read dense runs
+        if not flat.is_contiguous() and flat.device.type == "cpu":
+            # A strided CPU gradient (a step slice, a zero-stride expand): the kernels read dense
+            # runs. CUDA gradients come down through staging, which takes any strides.
             flat = flat.contiguous()
         active[i] = ActiveParam(
             group=entry.group,
