@@ -19,9 +19,9 @@ is shared). Per step the script also records where the machine's CPU time went
 (``/proc/stat``: user, system, iowait, idle, steal, as shares of all CPUs) and
 the seconds the compiled update kernel ran, summed over the update's workers,
 so a step that is CPU-bound (little iowait and idle, kernel time near
-workers x update time) is told from one that waits on the drive. Needs 4 B/param of gradients plus, per format, 4 B/param of
-parameters and its budget of RAM, and its state files on disk (checked before
-anything is allocated).
+workers x update time) is told from one that waits on the drive. Needs 4
+B/param of gradients plus, per format, 4 B/param of parameters and its budget
+of RAM, and its state files on disk (checked before anything is allocated).
 
 Usage::
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import statistics
@@ -46,7 +45,7 @@ from pathlib import Path
 import torch
 
 from tierstore import TieredAdamW, native
-from tierstore.benchmarks.report import machine_info
+from tierstore.benchmarks.report import machine_info, write_json
 from tierstore.benchmarks.resources import Needs, check
 from tierstore.benchmarks.workload import build
 from tierstore.budget import plan_tiers
@@ -260,9 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                     "update_threads": args.update_threads,
                     "ram_budget": budget, "budget_share_of_float32_state": args.budget, "durable": args.durable,
                     "load_average_per_round": loads, "machine": machine_info(args.dir), "results": results}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(document, indent=1))
-        print(f"wrote {args.json}")
+        print(f"wrote {write_json(args.json, document)}")
     return 0
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import statistics
 import sys
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 import torch
 
 from tierstore import codecs, fused_update, native
-from tierstore.benchmarks.report import machine_info
+from tierstore.benchmarks.report import machine_info, write_json
 from tierstore.benchmarks.workload import parse_elements
 from tierstore.hyper import GroupHyper
 
@@ -136,9 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         doc = {"tool": "bench/kernel_parts.py", "argv": sys.argv, "numel": numel, "rounds": args.rounds,
                "avx2_variant": fast, "machine": machine_info(None), "results": results}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=1))
-        print(f"wrote {args.json}")
+        print(f"wrote {write_json(args.json, doc)}")
     return 0
 
 

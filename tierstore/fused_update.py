@@ -97,7 +97,7 @@ def _bf16_flags_for(convert: Callable[[Tensor, Tensor], object]) -> int | None:
         for order in orders:
             take = np.resize(order, n)
             src = torch.from_numpy(bits[take].view(np.float32).copy())
-            out = torch.empty(n, dtype=torch.float32).to(torch.bfloat16)
+            out = torch.empty(n, dtype=torch.bfloat16)
             convert(out, src)
             got = out.view(torch.int16).numpy().view(np.uint16)
             nan_mask = is_nan[take]

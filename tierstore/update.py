@@ -140,6 +140,11 @@ def gather(
                 f"parameter {i} is now {tuple(local.shape)} {p.dtype}, but the optimizer was built "
                 f"for {entry.shape} {entry.dtype}; build a new optimizer after changing the model"
             )
+        if not local.is_contiguous():  # checked at construction; `p.data = ...` may have changed it since
+            raise ParamsChangedError(
+                f"parameter {i} (shape {entry.shape}) is no longer contiguous; make it contiguous "
+                "(param.data = param.data.contiguous()) before the step"
+            )
         if grad.is_sparse:
             raise RuntimeError("TieredAdamW does not support sparse gradients")
         g = local_tensor(grad)
@@ -148,11 +153,6 @@ def gather(
         st = state[p]
         if "step" not in st:
             st["step"] = step_tensor(0)
-        if not local.is_contiguous():  # checked at construction; `p.data = ...` may have changed it since
-            raise ParamsChangedError(
-                f"parameter {i} (shape {entry.shape}) is no longer contiguous; make it contiguous "
-                "(param.data = param.data.contiguous()) before the step"
-            )
         flat = g.reshape(-1)
         if not flat.is_contiguous() and flat.device.type == "cpu":
             # A strided CPU gradient (a step slice, a zero-stride expand): the kernels read dense
