@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from tierstore import codecs, fused_update, native
+from tierstore import codecs, fused_update, native, torch_private
 from tierstore.benchmarks.report import machine_info, write_json
 from tierstore.benchmarks.workload import parse_elements
 from tierstore.hyper import GroupHyper
@@ -85,13 +85,13 @@ class Workload:
                              "the fused update writes no bf16 parameters here, so there is nothing to time")
         flags = fused_update.GRAD_BF16 | out_flags
         const = fused_update.constants(hyper, 10.0)
-        vec = fused_update.vector_width()
+        recipe = fused_update.candidates(torch_private.cpu_capability())[0]  # the capability's own
         self.calls = []
         for lo in range(0, numel, CHUNK):
             n = min(CHUNK, numel - lo)
             piece = fused_update.Piece(0, n, self.target.data_ptr() + 4 * lo, self.grad.data_ptr() + 2 * lo,
                                        self.out.data_ptr() + 2 * lo, const, flags)  # fmt: skip
-            self.calls.append((n, fused_update.fields(fmt, self.stored, lo), piece.pack(vec)))
+            self.calls.append((n, fused_update.fields(fmt, self.stored, lo), piece.pack(recipe)))
 
     def run(self, k: native.Kernel) -> float:
         t0 = time.perf_counter()

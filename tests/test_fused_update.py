@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierstore import TieredAdamW, codecs, fused_update, native
+from tierstore import TieredAdamW, codecs, fused_update, native, torch_private
 from tierstore.errors import ParamsChangedError
 from tierstore.hyper import GroupHyper
 from tierstore.testing.formats import FormatOracle
@@ -138,10 +138,37 @@ def test_inside_suspended_the_torch_path_runs():
 
 @pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
 def test_the_self_check_passes_on_this_torch_build(fresh):
-    if codecs.native_kernel() is None:
+    if native.library() is None:
         pytest.skip(native.status())
     assert fused_update.kernel() is not None, fused_update.status()
     assert fused_update.status() == "fused kernel"
+    assert fused_update.kernel("int8").recipe.name == torch_private.cpu_capability()
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+def test_a_mismatch_in_one_format_disables_that_format_only(fresh, monkeypatch, caplog):
+    # The fused update's int8 decode reads every scale doubled: int8 must fall back, bfloat16 not.
+    good = b"decode_block((const uint8_t *)f->codes + b, f->scales[k], len, f->values, out);"
+    broken = native._source().replace(good, good.replace(b"f->scales[k]", b"f->scales[k] * 2.0f"))
+    assert broken != native._source()
+    monkeypatch.setattr(native, "_source", lambda: broken)
+    with caplog.at_level(logging.WARNING, logger="tierstore.fused_update"):
+        assert fused_update.kernel("int8") is None
+        assert fused_update.kernel("bfloat16") is not None
+        assert fused_update.kernel() is None  # not every format
+    assert fused_update.status("bfloat16") == "fused kernel"
+    assert fused_update.status("int8").startswith("torch path (the fused update failed its self-check: int8:")
+    warned = [r.getMessage() for r in caplog.records if "is not used" in r.getMessage()]
+    assert len(warned) == 1 and "int8" in warned[0], warned
+    fused_update.kernel("int8")  # asked again: decided once, said once
+    assert len([r for r in caplog.records if "is not used" in r.getMessage()]) == 1
+    assert codecs.native_kernel() is not None, "the int8 codec itself is still good and used"
+
+
+def test_status_without_deciding_builds_nothing(fresh):
+    assert fused_update.status(decide=False) == "undecided"
+    assert native.status() == "undecided"
+    assert not (fresh / "cache").exists() or not any((fresh / "cache").glob("*.so"))
 
 
 def test_the_bf16_probe_accepts_this_builds_copy_and_refuses_another_rounding():
@@ -187,8 +214,8 @@ def test_the_bf16_probe_accepts_this_builds_copy_and_refuses_another_rounding():
 @pytest.mark.parametrize(
     "good, bad",
     [
-        # The scalar tail without torch's FMA: differs in the last numel % 8 elements only.
-        (b"fmaf(v[i], b2, (c2 * gi) * gi)", b"v[i] * b2 + (c2 * gi) * gi"),
+        # The scalar tail without torch's FMA: differs in the last numel % vec elements only.
+        (b": madd(fused, v[i], b2, (c2 * gi) * gi)", b": v[i] * b2 + (c2 * gi) * gi"),
         # A body that forgets weight decay.
         (b"if (wd) pi = pi * wdf;\n        const float mi", b"const float mi"),
         # bfloat16 parameters given the wrong values (the gradient's, not the new master's).
@@ -208,8 +235,8 @@ def test_a_fused_kernel_that_differs_from_torch_is_refused(fresh, monkeypatch, c
     assert broken != source
     monkeypatch.setattr(native, "_source", lambda: broken)
     with caplog.at_level(logging.WARNING, logger="tierstore.fused_update"):
-        assert fused_update.kernel() is None
-    assert "failed its self-check" in fused_update.status()
+        assert fused_update.kernel("int8") is None
+    assert "failed its self-check" in fused_update.status("int8")
     assert any("fused update is not used" in r.getMessage() for r in caplog.records)
     assert codecs.native_kernel() is not None, "the codec part of the kernel is still good and used"
     # The step takes the torch path and stays exact.

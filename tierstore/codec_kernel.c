@@ -14,12 +14,18 @@
  *    moments into fp32 on the stack, run AdamW on the parameter pieces in the
  *    block, encode the moments back; the block never leaves L1. Its AdamW is
  *    torch's fused CPU kernel (aten/src/ATen/native/cpu/FusedAdamKernel.cpp,
- *    ADAMW mode, float) written out operation by operation, including the
- *    multiply-adds torch's build contracts into FMAs and the different
- *    scalar formulas of a tensor's last numel % vec elements (vec: the width
- *    of torch's Vectorized<float>). That is a claim about one torch build, so
- *    tierstore/fused_update.py checks it against torch._fused_adamw_ at load
- *    and does not use this kernel where any bit differs.
+ *    ADAMW mode, float) written out operation by operation. What that is
+ *    depends on the CPU capability torch dispatches to, because each
+ *    capability's copy of the kernel is compiled with other flags:
+ *    - AVX2 and AVX512: the multiply-adds the compiler contracts into FMAs,
+ *      and the different scalar formulas of a tensor's last numel % vec
+ *      elements (vec: the width of torch's Vectorized<float>, 8 or 16);
+ *    - AVX512 also vectorises that scalar tail 8 wide, where the
+ *      contraction of exp_avg_sq's update is the vector body's (tail_vec);
+ *    - DEFAULT: no FMA at all (PIECE_UNFUSED) and the generic maximum.
+ *    tierstore/fused_update.py passes the recipe of the capability in use with
+ *    every piece and checks it against torch._fused_adamw_ at load; a format
+ *    whose bits differ anywhere does not use this kernel.
  *
  * Only exactly rounded IEEE operations (+ - * / sqrt, fmaf) and integer ones,
  * in a fixed order: any vector width gives the same bits. Build with
@@ -41,7 +47,7 @@
 #endif
 
 #define MAX_BLOCK 4096 /* elements per block this file accepts (the caller checks) */
-#define ABI_VERSION 3
+#define ABI_VERSION 4
 
 /* One build runs everywhere: each entry point has an AVX2+FMA variant, picked
  * at run time where the CPU has both, and a baseline variant. */
@@ -171,7 +177,9 @@ typedef struct {
                             PIECE_OUT_BF16), or NULL */
     int64_t start;       /* first element, relative to the chunk */
     int64_t numel;       /* elements; the last numel % vec take torch's scalar formulas */
-    int64_t vec;         /* torch's Vectorized<float>::size() */
+    int32_t vec;         /* torch's Vectorized<float>::size() */
+    int32_t tail_vec;    /* the tail's leading multiple of tail_vec elements takes the vectorised tail's
+                            formulas (the compiler's epilogue loop in torch's AVX512 build); 0: none */
     float wd_factor;     /* float(1 - lr * weight_decay) */
     float lerp_w;        /* float(1 - beta1) */
     float beta2;         /* float(beta2) */
@@ -182,7 +190,10 @@ typedef struct {
     int32_t flags;       /* PIECE_* below */
 } ts_piece;
 
-enum { PIECE_WD = 1, PIECE_MAXIMIZE = 2, PIECE_AMSGRAD = 4, PIECE_GRAD_BF16 = 8, PIECE_OUT_BF16 = 16, PIECE_OUT_NAN_ONES = 32 };
+enum {
+    PIECE_WD = 1, PIECE_MAXIMIZE = 2, PIECE_AMSGRAD = 4, PIECE_GRAD_BF16 = 8, PIECE_OUT_BF16 = 16, PIECE_OUT_NAN_ONES = 32,
+    PIECE_UNFUSED = 64 /* torch's DEFAULT capability: every multiply-add rounded twice, the generic maximum */
+};
 
 /* One moment field of the chunk (32 bytes; fused_update.FIELD packs it). */
 typedef struct {
@@ -207,16 +218,24 @@ INLINE void stream_out(float *restrict out, const float *restrict p, int64_t n) 
     for (; i < n; ++i) out[i] = p[i];
 }
 
-/* torch's Vectorized<float>::maximum: max, or the all-ones NaN if either is NaN. */
+/* torch's Vectorized<float>::maximum on AVX2/AVX512: max, or the all-ones NaN if either is NaN. */
 INLINE float vec_maximum(float a, float b) {
     const float mx = a > b ? a : b;
     return (a != a || b != b) ? float_of(0xFFFFFFFFu) : mx;
 }
 
+/* The generic Vectorized<float>::maximum (vec_base.h, the DEFAULT capability): a NaN a wins,
+ * else the larger (a NaN b then too, since a > NaN is false). */
+INLINE float generic_maximum(float a, float b) { return a != a ? a : (a > b ? a : b); }
+
+/* a * b + c as one FMA where torch's build contracts it (fused), else rounded twice (DEFAULT:
+ * compiled without FMA; this file is built with -ffp-contract=off, so the compiler keeps both). */
+INLINE float madd(int fused, float a, float b, float c) { return fused ? fmaf(a, b, c) : a * b + c; }
+
 /* The vector body's formulas on elements [0, n) of the arrays (torch's loop over whole vectors). */
 INLINE void adamw_body(const ts_piece *q, float *restrict p, const float *restrict g, float *restrict m,
                        float *restrict v, float *restrict x, float *restrict out, int64_t n, int wd, int maximize,
-                       int amsgrad) {
+                       int amsgrad, int fused) {
     const float w = q->lerp_w, b2 = q->beta2, c2 = q->c2, bc = q->bc2_sqrt, eps = q->eps;
     const float neg_step = -q->step_size, wdf = q->wd_factor;
     const int small = fabsf(w) < 0.5f;
@@ -228,12 +247,12 @@ INLINE void adamw_body(const ts_piece *q, float *restrict p, const float *restri
         if (wd) pi = pi * wdf;
         const float mi = m[i];
         /* exp_avg.lerp_(grad, w): fmadd(coeff, grad - exp_avg, base) */
-        const float mn = fmaf(coeff, gi - mi, small ? mi : gi);
+        const float mn = madd(fused, coeff, gi - mi, small ? mi : gi);
         /* exp_avg_sq * beta2 + c2 * grad * grad, contracted as fma(c2 * grad, grad, exp_avg_sq * beta2) */
-        const float vn = fmaf(c2 * gi, gi, v[i] * b2);
+        const float vn = madd(fused, c2 * gi, gi, v[i] * b2);
         float denom;
         if (amsgrad) {
-            const float xn = vec_maximum(x[i], vn);
+            const float xn = fused ? vec_maximum(x[i], vn) : generic_maximum(x[i], vn);
             x[i] = xn;
             denom = sqrtf(xn) / bc + eps;
         } else {
@@ -247,9 +266,11 @@ INLINE void adamw_body(const ts_piece *q, float *restrict p, const float *restri
     if (out) stream_out(out, p, n); /* after the loop: a conditional store would keep it scalar */
 }
 
-/* The scalar tail's formulas (torch's loop over the last numel % vec elements). */
+/* The scalar tail's formulas (torch's loop over the last numel % vec elements). With
+ * vector_sq, exp_avg_sq's update is contracted as the compiler's vectorised copy of this loop
+ * contracts it (torch's AVX512 build runs the tail's first multiple of 8 elements that way). */
 INLINE void adamw_tail(const ts_piece *q, float *p, const float *g, float *m, float *v, float *x, float *out,
-                       int64_t n, int wd, int maximize, int amsgrad) {
+                       int64_t n, int wd, int maximize, int amsgrad, int fused, int vector_sq) {
     const float w = q->lerp_w, b2 = q->beta2, c2 = q->c2, bc = q->bc2_sqrt, eps = q->eps;
     const float step = q->step_size, wdf = q->wd_factor;
     const int small = fabsf(w) < 0.5f;
@@ -260,9 +281,10 @@ INLINE void adamw_tail(const ts_piece *q, float *p, const float *g, float *m, fl
         if (wd) pi = pi * wdf;
         float mi = m[i];
         /* exp_avg + w * (grad - exp_avg), or grad - (grad - exp_avg) * (1 - w), both contracted */
-        mi = small ? fmaf(w, gi - mi, mi) : fmaf(-(gi - mi), 1.0f - w, gi);
-        /* exp_avg_sq * beta2, then + c2 * grad * grad, contracted as fma(exp_avg_sq, beta2, c2 * grad * grad) */
-        const float vn = fmaf(v[i], b2, (c2 * gi) * gi);
+        mi = small ? madd(fused, w, gi - mi, mi) : madd(fused, -(gi - mi), 1.0f - w, gi);
+        /* exp_avg_sq * beta2, then + c2 * grad * grad: contracted as fma(exp_avg_sq, beta2, c2 * grad * grad)
+         * by the scalar loop, as fma(c2 * grad, grad, exp_avg_sq * beta2) by its vectorised copy */
+        const float vn = vector_sq ? madd(fused, c2 * gi, gi, v[i] * b2) : madd(fused, v[i], b2, (c2 * gi) * gi);
         float denom;
         if (amsgrad) {
             const float xn = x[i] < vn ? vn : x[i]; /* std::max */
@@ -287,10 +309,14 @@ INLINE void adamw_tail(const ts_piece *q, float *p, const float *g, float *m, fl
  * NaN as 0xFFFF with PIECE_OUT_NAN_ONES (torch's AVX2 conversion) else 0x7FC0. */
 INLINE void update_range(const ts_piece *q, int64_t b, int64_t lo, int64_t hi, float *m, float *v, float *x) {
     const int wd = (q->flags & PIECE_WD) != 0, mx = (q->flags & PIECE_MAXIMIZE) != 0;
-    const int ams = (q->flags & PIECE_AMSGRAD) != 0;
+    const int ams = (q->flags & PIECE_AMSGRAD) != 0, fused = (q->flags & PIECE_UNFUSED) == 0;
     const int out_bf16 = (q->flags & PIECE_OUT_BF16) != 0;
-    const int64_t body_end = q->start + q->numel - q->numel % q->vec;
+    const int64_t tail = q->numel % q->vec;
+    const int64_t body_end = q->start + q->numel - tail;
+    /* The tail's vectorised part: [body_end, vtail_end) */
+    const int64_t vtail_end = body_end + (q->tail_vec > 0 ? tail - tail % q->tail_vec : 0);
     const int64_t split = lo > body_end ? lo : (hi < body_end ? hi : body_end);
+    const int64_t vsplit = split > vtail_end ? split : (hi < vtail_end ? hi : vtail_end);
     const int64_t o = lo - q->start; /* offset into the piece */
     float widened[MAX_BLOCK];
     const float *g = (const float *)q->grad + o;
@@ -301,9 +327,11 @@ INLINE void update_range(const ts_piece *q, int64_t b, int64_t lo, int64_t hi, f
     float *out = q->param_out && !out_bf16 ? (float *)q->param_out + o : 0;
     float *xs = ams ? x + (lo - b) : 0;
     /* Specialised loops for the flags (the compiler folds the constants). */
-#define BODY(W, M, A) adamw_body(q, q->target + o, g, m + (lo - b), v + (lo - b), xs, out, split - lo, W, M, A)
+#define BODY(W, M, A) adamw_body(q, q->target + o, g, m + (lo - b), v + (lo - b), xs, out, split - lo, W, M, A, 1)
     if (split > lo) {
-        if (ams) {
+        if (!fused) {
+            adamw_body(q, q->target + o, g, m + (lo - b), v + (lo - b), xs, out, split - lo, wd, mx, ams, 0);
+        } else if (ams) {
             if (wd) { if (mx) BODY(1, 1, 1); else BODY(1, 0, 1); }
             else { if (mx) BODY(0, 1, 1); else BODY(0, 0, 1); }
         } else {
@@ -312,10 +340,13 @@ INLINE void update_range(const ts_piece *q, int64_t b, int64_t lo, int64_t hi, f
         }
     }
 #undef BODY
-    if (hi > split) {
-        const int64_t t = split - lo;
-        adamw_tail(q, q->target + o + t, g + t, m + (split - b), v + (split - b), ams ? x + (split - b) : 0,
-                   out ? out + t : 0, hi - split, wd, mx, ams);
+    /* The tail: its vectorised part [split, vsplit), then the scalar rest [vsplit, hi). */
+    for (int part = 0; part < 2; ++part) {
+        const int64_t from = part ? vsplit : split, to = part ? hi : vsplit;
+        if (to <= from) continue;
+        const int64_t t = from - lo;
+        adamw_tail(q, q->target + o + t, g + t, m + (from - b), v + (from - b), ams ? x + (from - b) : 0,
+                   out ? out + t : 0, to - from, wd, mx, ams, fused, !part);
     }
     if (q->param_out && out_bf16)
         bf16_encode(q->target + o, hi - lo, (q->flags & PIECE_OUT_NAN_ONES) ? 0xFFFFu : 0x7FC0u,
@@ -390,6 +421,13 @@ ENTRY(update,
 
 /* The ABI version the loader checks (bump it with any signature or struct change). */
 int ts_codec_kernel_version(void) { return ABI_VERSION; }
+
+/* The hash of the source this library was built from (tierstore/native.py passes it; a library
+ * built from another version of this file is not loaded). */
+#ifndef TS_SOURCE_HASH
+#define TS_SOURCE_HASH "unknown"
+#endif
+const char *ts_codec_kernel_source(void) { return TS_SOURCE_HASH; }
 
 /* Whether this process runs the AVX2+FMA variants (describe() and benchmarks say so). */
 int ts_codec_kernel_fast(void) {

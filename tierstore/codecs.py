@@ -613,15 +613,18 @@ def decode_chunk(
 
 
 def native_kernel() -> native.Kernel | None:
-    """The compiled int8 kernel (:mod:`tierstore.native`), checked against the torch path; None where unused.
+    """The compiled int8 codec (:mod:`tierstore.native`), checked against the torch path; None where unused.
+
+    A failed check disables the compiled int8 codec only (the fused update of
+    :mod:`tierstore.fused_update` checks itself, per format).
 
     Example
     -------
-    >>> k = native_kernel()  # built on the first call of the process where a C compiler exists
-    >>> (k is None) == native.status().startswith("torch ops")
+    >>> k = native_kernel()  # loaded (or built) on the first call of the process
+    >>> (k is None) == (native.library() is None or native.part_status("int8 codec") != "")
     True
     """
-    return native.kernel(_native_self_check)
+    return native.checked("int8 codec", _native_self_check)
 
 
 def _native_kernel(fmt: MomentFormat) -> native.Kernel | None:
