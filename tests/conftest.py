@@ -93,11 +93,14 @@ def ram_tmp_path(tmp_path: Path) -> Iterator[Path]:
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     """A process that has not built or loaded the compiled kernel yet (:mod:`tierstore.native`), with
-    its own cache directory (``tmp_path / "cache"``); the next test decides afresh again."""
+    its own cache directory (``tmp_path / "cache"``) and no library from the install (so the kernel
+    is built from ``native._source()``, which a test may replace); the next test decides afresh again."""
     from tierstore import native
 
     monkeypatch.setenv("TIERSTORE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("TIERSTORE_NATIVE", raising=False)
+    monkeypatch.delenv("TIERSTORE_CC", raising=False)
+    monkeypatch.setattr(native, "installed_path", lambda: None)  # build on first use, from native._source()
     native.reset()
     yield tmp_path
     native.reset()

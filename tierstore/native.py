@@ -1,35 +1,52 @@
-"""The compiled kernel of the compressed formats: built on first use, loaded with ctypes, optional.
+"""The compiled kernel of the compressed formats: built at install, loaded with ctypes, optional.
 
 :mod:`tierstore.codecs` runs the codecs in torch ops everywhere, and the
 compressed update runs decode -> ``torch._fused_adamw_`` -> encode
-(:mod:`tierstore.update`). Where a C compiler is available,
-``codec_kernel.c`` runs the same computations instead, with the same bytes:
-the int8 codec about 2x faster (one pass per block in L1 instead of eight
-passes per chunk), and the whole update of a chunk in one pass per block
-(:mod:`tierstore.fused_update`). The kernel uses only exactly rounded IEEE
-operations; its callers check it against the torch path on every load (a
-mismatch disables that part and warns).
+(:mod:`tierstore.update`). ``codec_kernel.c`` runs the same computations
+instead, with the same bytes: the int8 codec about 2x faster (one pass per
+block in L1 instead of eight passes per chunk), and the whole update of a
+chunk in one pass per block (:mod:`tierstore.fused_update`). The kernel uses
+only exactly rounded IEEE operations; each caller checks the part it uses
+against the torch path once per process (:func:`checked`), and a mismatch
+disables that part only.
 
-The shared library is compiled once per source version, compiler and flags
-into a cache directory and reused by every process after. ctypes releases
-the GIL during the call, so the codec workers run it in parallel.
+Where the library comes from, in order:
+
+1. **Built at install**: ``pip install`` compiles ``codec_kernel.c`` into
+   ``tierstore/_codec_kernel*.so`` (``setup.py``; optional, so an install
+   without a compiler still succeeds). It is used when it carries the hash of
+   the shipped source (a stale in-place build is skipped).
+2. **Built on first use**, where no library came with the install: once per
+   source, compiler and flags (the file name carries their hash), under a
+   file lock (processes starting at once build once), into a cache directory
+   made with mode 0700. A cached library is loaded only if it is a regular
+   file owned by this user, in a directory owned by this user, neither
+   writable by group or others: a library another user planted would run
+   inside the training process.
+
+Nothing is built on ``import tierstore``, by ``repr``/``describe()`` or by the
+CLI's ``--help``/``--version``: only the first compressed update or int8
+codec call builds. ctypes releases the GIL during a call, so the codec
+workers run it in parallel.
 
 Environment:
 
 ``TIERSTORE_NATIVE``
-    ``auto`` (default: use it when it builds), ``0`` (never: torch ops), or
+    ``auto`` (default: use it when it loads), ``0`` (never: torch ops), or
     ``require`` (raise :class:`~tierstore.errors.ConfigError` when it cannot
-    be built, e.g. to check a deployment).
+    be loaded or built, e.g. to check a deployment).
 ``TIERSTORE_CC`` (else ``CC``, else ``cc``, ``gcc`` or ``clang`` on ``PATH``)
-    The C compiler.
+    The C compiler of the first-use build (a command, e.g. ``clang`` or
+    ``/usr/bin/gcc-12``). When set, it is the compiler: one that is not found
+    is reported, never replaced by another.
 ``TIERSTORE_CACHE_DIR`` (else ``$XDG_CACHE_HOME/tierstore``, else ``~/.cache/tierstore``)
-    Where the library is kept; a temporary directory when it is not writable.
+    Where first-use builds are kept; a private temporary directory when it
+    cannot be made safe (created, owned by this user, mode 0700).
 
 Example
 -------
->>> from tierstore import codecs
->>> k = codecs.native_kernel()  # None where no compiler is found or TIERSTORE_NATIVE=0
->>> status().startswith(("compiled", "torch ops"))
+>>> lib = library()  # None where nothing can be loaded or built, or TIERSTORE_NATIVE=0
+>>> status().startswith(("compiled", "torch ops", "undecided"))
 True
 """
 
@@ -37,39 +54,46 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import hashlib
+import importlib.machinery
 import logging
 import os
 import platform
+import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
-import warnings
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 
 from torch import Tensor
 
+from .build_flags import COMPILE_FLAGS, FALLBACK_FLAGS, INSTALLED_NAME, SOURCE
+from .build_flags import LIBS as _LIBS
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-SOURCE = "codec_kernel.c"
-ABI_VERSION = 3  # ts_codec_kernel_version() of a library this module can call
+ABI_VERSION = 4  # ts_codec_kernel_version() of a library this module can call
 MAX_BLOCK = 4096  # elements per block the kernel accepts (MAX_BLOCK in the C source)
-# -ffp-contract=off: no FMA the source does not write (clang contracts by default);
-# -fno-math-errno: sqrtf as one instruction, so the update's loops vectorise.
-FLAGS = ("-O3", "-shared", "-fPIC", "-fno-strict-aliasing", "-std=c99", "-ffp-contract=off", "-fno-math-errno")
-LIBS = ("-lm",)  # fmaf in the baseline variant
-FALLBACK_FLAGS = ("-DTS_NO_CLONES",)  # for compilers without target attributes (one baseline build)
+FLAGS = ("-shared", "-fPIC", *COMPILE_FLAGS)  # the first-use build's (setup.py: the same COMPILE_FLAGS)
+LIBS = tuple(f"-l{lib}" for lib in _LIBS)
 COMPILE_TIMEOUT_S = 120
+LOCK_NAME = ".build.lock"
 
 _LOCK = threading.Lock()
-_STATE: dict[str, object] = {}  # "kernel": Kernel | None, "status": str
+_STATE: dict[str, object] = {}  # "library": Kernel | None, "status": str, "checks": {name: (ok, why)}
 _SUSPENDED = 0  # > 0 inside suspended(): torch ops
+
+
+def source_hash(source: bytes) -> str:
+    """The hash a library built from ``source`` carries (``TS_SOURCE_HASH``): 16 hex digits of sha256."""
+    return hashlib.sha256(source).hexdigest()[:16]
 
 
 class Kernel:
@@ -119,29 +143,70 @@ def _mode() -> str:
     raise ConfigError(f"TIERSTORE_NATIVE={mode!r} is unknown; use 'auto' (default), '0' or 'require'")
 
 
-def _compiler() -> str | None:
-    for name in (os.environ.get("TIERSTORE_CC"), os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
+def _compiler() -> list[str] | None:
+    """The compiler command of a first-use build, or None where none is found.
+
+    Raises
+    ------
+    ConfigError
+        ``TIERSTORE_CC`` is set to a command that is not found: it is never
+        silently replaced by another compiler.
+    """
+    chosen = os.environ.get("TIERSTORE_CC", "").strip()
+    if chosen:
+        try:
+            argv = shlex.split(chosen)
+        except ValueError as e:
+            raise ConfigError(f"TIERSTORE_CC={chosen!r} is not a command line ({e}); set it to a compiler, e.g. gcc") from e
+        if not argv or shutil.which(argv[0]) is None:
+            raise ConfigError(
+                f"TIERSTORE_CC={chosen!r}: {argv[0] if argv else chosen!r} is not found on PATH; "
+                "set it to an installed C compiler (gcc, clang, a full path) or unset it"
+            )
+        return argv
+    for name in (os.environ.get("CC", "").strip(), "cc", "gcc", "clang"):
+        if name:
+            with contextlib.suppress(ValueError):
+                argv = shlex.split(name)
+                if argv and shutil.which(argv[0]):
+                    return argv
     return None
 
 
 def cache_dir() -> Path:
-    """Where compiled libraries are kept (see the module docs)."""
+    """Where first-use builds are kept (see the module docs)."""
     if os.environ.get("TIERSTORE_CACHE_DIR"):
         return Path(os.environ["TIERSTORE_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "tierstore"
 
 
-def _writable_dir() -> Path:
+def _unsafe(st: os.stat_result, what: str, *, kind: int, root_ok: bool = False) -> str | None:
+    """Why a file or directory with status ``st`` cannot be trusted with code (None when it can):
+    it must be of ``kind``, owned by this user (or root, with ``root_ok``) and not writable by
+    group or others."""
+    if stat.S_IFMT(st.st_mode) != kind:
+        return f"{what} is not a {'directory' if kind == stat.S_IFDIR else 'regular file'}"
+    if st.st_uid != os.getuid() and not (root_ok and st.st_uid == 0):
+        return f"{what} is owned by uid {st.st_uid}, not by this user ({os.getuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _safe_cache_dir() -> tuple[Path, str | None]:
+    """The cache directory, created with mode 0700 if missing, and why it was refused (then a private
+    temporary directory instead, used by this process only)."""
+    d = cache_dir()
+    why = None
     try:
-        d = cache_dir()
-        d.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=d, prefix=".probe-"):
-            return d
-    except OSError:
-        return Path(tempfile.mkdtemp(prefix="tierstore-native-"))
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        why = _unsafe(os.lstat(d), f"the cache directory {d}", kind=stat.S_IFDIR)
+    except OSError as e:
+        why = f"the cache directory {d} cannot be created ({e.strerror or e})"
+    if why is None:
+        return d, None
+    return Path(tempfile.mkdtemp(prefix="tierstore-native-")), why
 
 
 def _source() -> bytes:
@@ -149,93 +214,194 @@ def _source() -> bytes:
     return resources.files("tierstore").joinpath(SOURCE).read_bytes()
 
 
-def _compile(cc: str, source: bytes) -> Path:
-    """The library for ``source``, compiled now unless the cache holds it. Raises OSError or RuntimeError."""
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.split("\n")[0]
-    tag = hashlib.sha256(
-        b"\0".join([source, cc.encode(), version.encode(), " ".join(FLAGS + LIBS).encode(), platform.machine().encode()])
+def build_tag(cc: list[str], source: bytes) -> str:
+    """16 hex digits naming a build of ``source`` by ``cc`` with this module's flags (file names carry it)."""
+    version = subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=30).stdout.split("\n")[0]
+    return hashlib.sha256(
+        b"\0".join([source, " ".join(cc).encode(), version.encode(), " ".join(FLAGS + LIBS).encode(),
+                    platform.machine().encode()])  # fmt: skip
     ).hexdigest()[:16]
-    directory = _writable_dir()
-    target = directory / f"codec-kernel-{tag}.so"
-    if target.exists():
-        return target
-    with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
-        src = Path(tmp) / SOURCE
-        src.write_bytes(source)
-        out = Path(tmp) / "kernel.so"
-        errors = []
-        for extra in ((), FALLBACK_FLAGS):
-            done = subprocess.run(
-                [cc, *FLAGS, *extra, "-o", str(out), str(src), *LIBS], capture_output=True, text=True,
-                timeout=COMPILE_TIMEOUT_S,
-            )
-            if done.returncode == 0:
-                os.replace(out, target)  # atomic: concurrent builders leave one whole file
-                return target
-            errors.append(done.stderr.strip()[-2000:])
-        raise RuntimeError(f"{cc} failed: {errors[-1]}")
 
 
-def _load(self_check: Callable[[Kernel], str | None]) -> tuple[Kernel | None, str]:
+@contextlib.contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``directory/.build.lock`` (never through a symlink)."""
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _compile(cc: list[str], source: bytes) -> Path:
+    """The library for ``source``, compiled now unless the cache holds a trusted copy.
+
+    Raises OSError or RuntimeError (the message says why).
+    """
+    directory, refused = _safe_cache_dir()
+    if refused:
+        log.warning("tierstore: %s; building the compiled kernel in %s instead", refused, directory)
+    target = directory / f"codec-kernel-{build_tag(cc, source)}.so"
+    with _build_lock(directory):  # a second process waits here, then finds the first one's build
+        try:
+            why = _unsafe(os.lstat(target), f"the cached library {target}", kind=stat.S_IFREG)
+        except FileNotFoundError:
+            why = "missing"
+        if why is None:
+            return target
+        if why != "missing":
+            # Never load it; replacing it is safe, since the directory is ours (checked above).
+            log.warning("tierstore: %s; rebuilding it", why)
+        with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
+            src = Path(tmp) / SOURCE
+            src.write_bytes(source)
+            out = Path(tmp) / "kernel.so"
+            errors = []
+            for extra in ((), FALLBACK_FLAGS):
+                done = subprocess.run(
+                    [*cc, *FLAGS, *extra, f"-DTS_SOURCE_HASH=\"{source_hash(source)}\"", "-o", str(out), str(src), *LIBS],
+                    capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S,
+                )
+                if done.returncode == 0:
+                    os.chmod(out, 0o700)
+                    os.replace(out, target)  # atomic: a reader sees no file or a whole one
+                    return target
+                errors.append(done.stderr.strip()[-2000:])
+        raise RuntimeError(f"{' '.join(cc)} failed: {errors[-1]}")
+
+
+def installed_path() -> Path | None:
+    """The library ``pip install`` built into the package (None where the install had no compiler)."""
+    package = Path(str(resources.files("tierstore")))
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = package / f"{INSTALLED_NAME}{suffix}"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _open(path: Path, source: bytes) -> Kernel:
+    """Load the library at ``path`` and check its ABI and source. Raises OSError or RuntimeError."""
+    lib = ctypes.CDLL(str(path))
+    try:
+        abi = lib.ts_codec_kernel_version()
+        lib.ts_codec_kernel_source.restype = ctypes.c_char_p
+        built_from = lib.ts_codec_kernel_source()
+    except AttributeError as e:
+        raise RuntimeError(f"{path} is not a tierstore kernel of this version ({e})") from e
+    if abi != ABI_VERSION:
+        raise RuntimeError(f"{path} has ABI {abi}, expected {ABI_VERSION}")
+    if built_from != source_hash(source).encode():
+        raise RuntimeError(f"{path} was built from another codec_kernel.c (source {built_from!r})")
+    return Kernel(lib, path)
+
+
+def _load() -> tuple[Kernel | None, str]:
     mode = _mode()
     if mode == "off":
         return None, "torch ops (TIERSTORE_NATIVE=0)"
-    cc = None if sys.platform == "win32" else _compiler()  # the build below is for POSIX compilers
+    source = _source()
+    reason = None
+    installed = installed_path()
+    if installed is not None:
+        try:
+            # As trusted as the package's own Python files: owned by this user or root, not writable
+            # by group or others.
+            why = _unsafe(os.lstat(installed), f"the installed library {installed}", kind=stat.S_IFREG, root_ok=True)
+            if why:
+                raise RuntimeError(why)
+            k = _open(installed, source)
+            return k, f"compiled kernel {installed} (built at install; {'AVX2+FMA' if k.fast else 'baseline'} variant)"
+        except (OSError, RuntimeError) as e:
+            log.info("tierstore: the kernel built at install is not used: %s", e)
+    try:
+        cc = None if sys.platform == "win32" else _compiler()  # the build below is for POSIX compilers
+    except ConfigError as e:
+        if mode == "require":
+            raise
+        cc, reason = None, f"torch ops ({e})"
     if cc is None:
-        reason = "torch ops (no C compiler found: set TIERSTORE_CC or CC, or install gcc or clang)"
+        reason = reason or "torch ops (no C compiler found: set TIERSTORE_CC or CC, or install gcc or clang)"
     else:
         try:
-            path = _compile(cc, _source())
-            lib = ctypes.CDLL(str(path))
-            if lib.ts_codec_kernel_version() != ABI_VERSION:
-                raise RuntimeError(f"{path} has ABI {lib.ts_codec_kernel_version()}, expected {ABI_VERSION}")
-            k = Kernel(lib, path)
-            mismatch = self_check(k)
-            if mismatch is None:
-                return k, f"compiled kernel {path} ({'AVX2+FMA' if k.fast else 'baseline'} variant)"
-            warnings.warn(f"tierstore: the compiled int8 codec is not used: {mismatch} ({path})", stacklevel=3)
-            reason = f"torch ops (the compiled kernel failed its self-check: {mismatch})"
-        except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
+            path = _compile(cc, source)
+            k = _open(path, source)
+            return k, f"compiled kernel {path} (built on first use; {'AVX2+FMA' if k.fast else 'baseline'} variant)"
+        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             reason = f"torch ops (building the compiled kernel failed: {e})"
     if mode == "require":
-        raise ConfigError(f"TIERSTORE_NATIVE=require but the int8 codec kernel is unavailable: {reason}")
-    log.info("tierstore int8 codec: %s", reason)
+        raise ConfigError(f"TIERSTORE_NATIVE=require but the compiled kernel is unavailable: {reason}")
+    log.info("tierstore compiled kernel: %s", reason)
     return None, reason
 
 
-def kernel(self_check: Callable[[Kernel], str | None]) -> Kernel | None:
-    """The compiled kernel, built on the first call of the process; None where it cannot be used.
+def library() -> Kernel | None:
+    """The compiled library, loaded (or built) on the first call of the process; None where unavailable.
 
-    ``self_check(kernel)`` runs once after loading and says why the kernel's
-    results differ from the torch path (None when they do not); a kernel that
-    fails it is not used. :func:`tierstore.codecs.native_kernel` is the caller.
+    Callers use :func:`checked`, which adds the self-check of the part they use.
     """
     if _SUSPENDED:
         return None
-    if "kernel" not in _STATE:
+    if "library" not in _STATE:
         with _LOCK:
-            if "kernel" not in _STATE:
-                k, why = _load(self_check)
-                _STATE["status"] = why
-                _STATE["kernel"] = k
-    return _STATE["kernel"]  # type: ignore[return-value]
+            if "library" not in _STATE:
+                k, why = _load()
+                _STATE.update({"status": why, "library": k, "checks": {}})
+    return _STATE["library"]  # type: ignore[return-value]
+
+
+def loaded() -> tuple[bool, Kernel | None]:
+    """(decided, library): whether this process has decided yet, and the library it loaded. Never builds."""
+    return "library" in _STATE, _STATE.get("library")  # type: ignore[return-value]
+
+
+def checked(part: str, self_check: Callable[[Kernel], str | None]) -> Kernel | None:
+    """The library where ``self_check`` passes for ``part`` (decided once per process), else None.
+
+    ``self_check(kernel)`` says why the part's results differ from the torch
+    path (None when they do not). A failing part warns once and is not used;
+    the other parts of the same library stay in use.
+    """
+    k = library()
+    if k is None:
+        return None
+    checks: dict[str, tuple[bool, str]] = _STATE["checks"]  # type: ignore[assignment]
+    if part not in checks:
+        with _LOCK:
+            if part not in checks:
+                mismatch = self_check(k)
+                if mismatch is not None:
+                    why = f"the compiled {part} is not used: {mismatch} ({k.path})"
+                    log.warning("tierstore: %s", why)
+                    if _mode() == "require":
+                        raise ConfigError(f"TIERSTORE_NATIVE=require but {why}")
+                checks[part] = (mismatch is None, "" if mismatch is None else mismatch)
+    ok, _ = checks[part]
+    return k if ok else None
+
+
+def part_status(part: str) -> str | None:
+    """Why ``part`` does not use the loaded library (``""`` when it does; None while undecided)."""
+    checks = _STATE.get("checks") or {}
+    got = checks.get(part)  # type: ignore[union-attr]
+    return None if got is None else got[1]
 
 
 def status() -> str:
-    """How the int8 codec runs in this process: ``"compiled kernel <path>"``, ``"torch ops (<why>)"``,
-    or ``"undecided"`` before the first int8 codec call."""
+    """How the compiled library stands in this process: ``"compiled kernel <path> (...)"``,
+    ``"torch ops (<why>)"``, or ``"undecided"`` before the first use. Never builds."""
     return str(_STATE.get("status", "undecided"))
 
 
 @contextlib.contextmanager
 def suspended() -> Iterator[None]:
-    """Torch ops for every int8 codec call of the process while inside (benchmarks compare both paths).
+    """Torch ops for every compiled-kernel call of the process while inside (benchmarks compare both paths).
 
     Example
     -------
     >>> with suspended():
-    ...     from tierstore import codecs
-    ...     codecs.native_kernel() is None
+    ...     library() is None
     True
     """
     global _SUSPENDED
@@ -249,7 +415,10 @@ def suspended() -> Iterator[None]:
 
 
 def reset() -> None:
-    """Forget the loaded kernel (tests: the next :func:`kernel` call decides again from the environment)."""
+    """Forget the loaded kernel (tests: the next :func:`library` call decides again from the environment)."""
     with _LOCK:
         _STATE.clear()
 
+
+__all__ = ["ABI_VERSION", "Kernel", "MAX_BLOCK", "cache_dir", "checked", "installed_path", "library", "loaded",
+           "part_status", "reset", "status", "suspended"]  # fmt: skip
