@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import codecs, distributed, fused_update
+from . import distributed, fused_update, native
 from .access import ShardVisit
 from .budget import TierPlan
 from .errors import ClosedError, StepFailedError
@@ -330,9 +330,13 @@ class Runtime:
         fmt = ""
         if layout.encoded:
             # How the update runs (compiled and fused, or torch ops: 1.5-3x apart) is worth a glance.
-            if fused_update.applies(layout.format) and fused_update.kernel() is not None:
+            # Never decided here: describe() and repr() must not load or build the library.
+            fused = fused_update.status(layout.format, decide=False) if fused_update.applies(layout.format) else ""
+            if fused == "undecided":
+                codec = "; update path undecided until the first step"
+            elif fused == "fused kernel":
                 codec = "; update compiled"
-            elif layout.format.block_numel and codecs.native_kernel() is not None:
+            elif layout.format.block_numel and native.part_status("int8 codec") == "":
                 codec = "; codec compiled, kernel in torch"
             else:
                 codec = "; update in torch ops"

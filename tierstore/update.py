@@ -333,7 +333,7 @@ class ShardUpdate:
         stored = {f: codecs.split(fmt, layout.stored_field(extent, shard, f), shard.capacity) for f in fields}
         chunk = update_chunk_numel(layout.max_capacity)
         chunks = active_chunks(work, block=layout.param_align, chunk=chunk, capacity=shard.capacity)
-        fused = fused_update.kernel() if fused_update.applies(fmt) else None
+        fused = fused_update.kernel(fmt) if fused_update.applies(fmt) else None
         if fused is not None:
             by_field = [stored[f] for f in fields]
 
