@@ -58,6 +58,8 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from dataclasses import fields as fields_of
+from typing import Any
 
 import torch
 
@@ -72,6 +74,13 @@ STATE_ITEMSIZE = 4
 FIELD_ORDER = ("master", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 LAYOUT_VERSION = 1
 DEFAULT_SHARD_NUMEL = 1 << 22  # 4 Mi elements: 16 MiB per fp32 field
+# Bounds of a layout, checked when one is built and when one is read back (a layout read
+# from a file sizes buffers and loops, so no number in it is used before it is checked).
+MAX_SHARD_NUMEL = 1 << 30  # elements per shard: 4 GiB per fp32 field, 1024 times the default
+MAX_SHARDS = 1 << 21  # 2 Mi shards: 8 Pi elements at the default shard size
+MAX_PARAMS = 1 << 24  # parameters (frozen ones included)
+MAX_NDIM = 64  # dimensions of a parameter
+MAX_NUMEL = (1 << 63) - 1  # elements of one parameter (torch's int64 sizes)
 
 #: The state-dict key of each field, as ``torch.optim.AdamW`` names the moments
 #: (``master_param`` is tierstore's extra key); zarr checkpoints and DCP use the same names.
@@ -223,6 +232,11 @@ class Layout:
             raise ConfigError(
                 f"shard_numel={shard_numel!r} must be a positive int (elements per shard), e.g. 1 << 22"
             )
+        if shard_numel > MAX_SHARD_NUMEL:
+            raise ConfigError(
+                f"shard_numel={shard_numel} is above the largest shard tierstore lays out "
+                f"({MAX_SHARD_NUMEL} elements); pass a smaller one, e.g. 1 << 22 (the default)"
+            )
         unknown = [f for f in fields if f not in FIELD_ORDER]
         if unknown:
             raise ConfigError(f"unknown state fields {unknown}; known fields are {FIELD_ORDER}")
@@ -252,7 +266,14 @@ class Layout:
                     )
                 )
                 index += 1
-        shards = _cut(entries, round_up(cursor, PAGE_NUMEL), shard_numel)
+        total = round_up(cursor, PAGE_NUMEL)
+        if -(-total // shard_numel) > MAX_SHARDS:
+            raise ConfigError(
+                f"shard_numel={shard_numel} cuts {total} elements into {-(-total // shard_numel)} shards, more "
+                f"than {MAX_SHARDS}; pass a larger shard_numel (at least {-(-total // MAX_SHARDS)}) or leave it "
+                "at its default"
+            )
+        shards = _cut(entries, total, shard_numel)
         return cls(entries, shards, shard_numel=shard_numel, fields=fields, moment_dtype=fmt)
 
     # -- queries ------------------------------------------------------
@@ -476,20 +497,59 @@ class Layout:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict) -> Layout:
-        """Inverse of :meth:`to_dict`."""
+    def from_dict(cls, data: Mapping[str, Any]) -> Layout:
+        """Inverse of :meth:`to_dict`, checking every field first (the dict may come from a file).
+
+        Every number is checked before it sizes anything: types (an ``int``
+        is never a ``bool`` or a ``float``), bounds (:data:`MAX_SHARD_NUMEL`,
+        :data:`MAX_SHARDS`, :data:`MAX_PARAMS`, :data:`MAX_NDIM`), each
+        parameter's ``numel`` against its ``shape``, its ``dtype``, its group
+        (groups in order), and its ``start``: exactly where :meth:`build`
+        puts it, so the ranges are contiguous, aligned, do not overlap and
+        lie inside the shards.
+
+        Raises
+        ------
+        ConfigError
+            Naming the first field that is not what :meth:`to_dict` writes (the
+            caller adds the file it came from).
+
+        Example
+        -------
+        >>> import torch
+        >>> w = torch.zeros(3, requires_grad=True)
+        >>> data = Layout.build([[w]], shard_numel=1024, fields=("exp_avg", "exp_avg_sq")).to_dict()
+        >>> Layout.from_dict(data).trainable_numel
+        3
+        >>> Layout.from_dict({**data, "shard_numel": True})
+        Traceback (most recent call last):
+        ...
+        tierstore.errors.ConfigError: layout shard_numel=True must be an int, not bool
+        """
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"a layout must be a JSON object, not {type(data).__name__}")
         version = data.get("layout_version")
-        if version != LAYOUT_VERSION:
+        if type(version) is not int or version != LAYOUT_VERSION:
             raise ConfigError(f"layout_version {version!r} is not {LAYOUT_VERSION}; it was written by another tierstore")
-        params = [ParamEntry(**{**p, "shape": tuple(p["shape"])}) for p in data["params"]]
+        unknown = sorted(set(data) - {"layout_version", "shard_numel", "fields", "params", "moment_dtype"})
+        if unknown:
+            raise ConfigError(f"layout has unknown keys {unknown}; it was not written by this tierstore")
+        shard_numel = _int(data, "shard_numel", "layout", lo=PAGE_NUMEL, hi=MAX_SHARD_NUMEL)
+        if shard_numel % PAGE_NUMEL:
+            raise ConfigError(f"layout shard_numel={shard_numel} is not a multiple of {PAGE_NUMEL}")
+        fields = _field_list(data.get("fields"))
+        moment_dtype = data.get("moment_dtype", DEFAULT_FORMAT.name)
+        if not isinstance(moment_dtype, str) or moment_dtype not in FORMATS:
+            raise ConfigError(f"layout moment_dtype={moment_dtype!r} is not one of {sorted(FORMATS)}")
+        fmt = FORMATS[moment_dtype]
+        params = _param_entries(data.get("params"), param_align(fmt))
         total = round_up(max((p.start + p.numel for p in params if p.trainable), default=0), PAGE_NUMEL)
-        return cls(
-            params,
-            _cut(params, total, data["shard_numel"]),
-            shard_numel=data["shard_numel"],
-            fields=data["fields"],
-            moment_dtype=data.get("moment_dtype", DEFAULT_FORMAT.name),
-        )
+        if -(-total // shard_numel) > MAX_SHARDS:
+            raise ConfigError(
+                f"layout holds {total} elements in shards of {shard_numel}: {-(-total // shard_numel)} shards, "
+                f"more than {MAX_SHARDS}"
+            )
+        return cls(params, _cut(params, total, shard_numel), shard_numel=shard_numel, fields=fields, moment_dtype=fmt)
 
     @property
     def fingerprint(self) -> str:
@@ -515,6 +575,72 @@ class Layout:
         if self.format != other.format:
             return f"moment_dtype={other.format.name!r} instead of {self.format.name!r}"
         return "no difference"
+
+
+def _int(entry: Mapping[str, Any], key: str, where: str, *, lo: int, hi: int) -> int:
+    """``entry[key]``, an int (not a bool) in ``[lo, hi]``, else a ConfigError naming it."""
+    value = entry.get(key)
+    if type(value) is not int:
+        raise ConfigError(f"{where} {key}={value!r} must be an int, not {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ConfigError(f"{where} {key}={value} is outside [{lo}, {hi}]")
+    return value
+
+
+def _field_list(fields: Any) -> tuple[str, ...]:
+    if not isinstance(fields, list) or not fields or not all(isinstance(f, str) for f in fields):
+        raise ConfigError(f"layout fields={fields!r} must be a non-empty list of names from {FIELD_ORDER}")
+    canonical = tuple(f for f in FIELD_ORDER if f in fields)
+    if tuple(fields) != canonical:
+        raise ConfigError(f"layout fields={fields!r} must be distinct names from {FIELD_ORDER}, in that order")
+    return canonical
+
+
+_PARAM_KEYS = frozenset(f.name for f in fields_of(ParamEntry))
+
+
+def _dtype_name(value: Any, where: str) -> str:
+    dtype = getattr(torch, value, None) if isinstance(value, str) else None
+    if not isinstance(dtype, torch.dtype) or str(dtype) != f"torch.{value}":
+        raise ConfigError(f"{where} dtype={value!r} is not the name of a torch dtype (e.g. 'float32')")
+    return value
+
+
+def _param_entries(raw: Any, align: int) -> list[ParamEntry]:
+    """Checked :class:`ParamEntry` records; each trainable start is where :meth:`Layout.build` puts it."""
+    if not isinstance(raw, list):
+        raise ConfigError(f"layout params must be a list, not {type(raw).__name__}")
+    if len(raw) > MAX_PARAMS:
+        raise ConfigError(f"layout lists {len(raw)} parameters, more than {MAX_PARAMS}")
+    entries: list[ParamEntry] = []
+    cursor = 0
+    group = 0
+    for i, p in enumerate(raw):
+        where = f"layout params[{i}]"
+        if not isinstance(p, Mapping) or set(p) != _PARAM_KEYS:
+            keys = sorted(p) if isinstance(p, Mapping) else type(p).__name__
+            raise ConfigError(f"{where} has {keys}; a parameter entry has exactly {sorted(_PARAM_KEYS)}")
+        _int(p, "index", where, lo=i, hi=i)
+        gi = _int(p, "group", where, lo=group, hi=MAX_PARAMS)  # groups come in order
+        group = gi
+        shape = p["shape"]
+        if not isinstance(shape, list) or len(shape) > MAX_NDIM or any(type(d) is not int or d < 0 for d in shape):
+            raise ConfigError(f"{where} shape={shape!r} must be a list of at most {MAX_NDIM} ints >= 0")
+        numel = math.prod(shape)
+        if type(p["numel"]) is not int or p["numel"] != numel or numel > MAX_NUMEL:
+            raise ConfigError(f"{where} numel={p['numel']!r} is not the product of its shape {shape} ({numel})")
+        dtype = _dtype_name(p["dtype"], where)
+        trainable = p["trainable"]
+        if not isinstance(trainable, bool):
+            raise ConfigError(f"{where} trainable={trainable!r} must be true or false")
+        if trainable and (numel == 0 or not (getattr(torch, dtype).is_floating_point or getattr(torch, dtype).is_complex)):
+            raise ConfigError(f"{where} is trainable but has {numel} elements of {dtype}; only non-empty float parameters are")
+        expected = round_up(cursor, align) if trainable else -1
+        start = _int(p, "start", where, lo=expected, hi=expected)
+        if trainable:
+            cursor = start + numel
+        entries.append(ParamEntry(index=i, group=gi, shape=tuple(shape), dtype=dtype, numel=numel, trainable=trainable, start=start))
+    return entries
 
 
 def param_align(fmt: MomentFormat) -> int:
