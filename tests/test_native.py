@@ -294,3 +294,53 @@ def test_nothing_is_built_on_import_help_or_version(tmp_path):
         subprocess.run([sys.executable, "-m", "tierstore.cli", *args], env=env, check=True, timeout=120,
                        capture_output=True)
     assert not (tmp_path / "cache").exists()
+
+
+def _libasan() -> str | None:
+    cc = native._compiler()
+    if cc is None or "gcc" not in Path(cc[0]).name and Path(cc[0]).name != "cc":
+        return None
+    found = subprocess.run([cc[0], "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    return found if found and Path(found).is_file() else None
+
+
+ASAN_CHILD = """
+import sys, torch
+from tierstore import TieredAdamW, codecs, fused_update, native
+native.installed_path = lambda: None
+src = native._source()
+if len(sys.argv) > 1:  # the deliberately broken build: one element written past the decode's output
+    good = b"for (int64_t i = 0; i < len; ++i) out[i] = values[c[i]] * s;"
+    assert src.count(good) == 1
+    src = src.replace(good, good.replace(b"i < len", b"i <= len"))
+    native._source = lambda: src
+assert codecs.native_kernel() is not None, native.status()
+assert fused_update.status() == "fused kernel", fused_update.status()
+gen = torch.Generator().manual_seed(0)
+for fmt in ("int8", "bfloat16"):
+    ps = [torch.nn.Parameter(torch.randn(s, generator=gen).to(torch.bfloat16)) for s in ((37, 29), (1001,), (5,))]
+    with TieredAdamW(ps, lr=1e-2, amsgrad=True, moment_dtype=fmt, ram_budget="96KiB") as opt:
+        for _ in range(3):
+            for p in ps:
+                p.grad = torch.randn(p.shape, generator=gen).to(torch.bfloat16)
+            opt.step()
+print("clean")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_libasan() is None, reason="needs gcc with AddressSanitizer (libasan)")
+@pytest.mark.parametrize("broken", [False, True])
+def test_the_kernel_is_clean_under_address_sanitizer(tmp_path, broken):
+    """The kernel built with -fsanitize=address runs its self-checks and streamed steps without a report;
+    the same build with one out-of-bounds write is caught (so the check can fail)."""
+    env = {**os.environ, "TIERSTORE_CC": f"{native._compiler()[0]} -fsanitize=address -fno-omit-frame-pointer",
+           "TIERSTORE_CACHE_DIR": str(tmp_path / "cache"), "LD_PRELOAD": _libasan(),
+           "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0", "TIERSTORE_NATIVE": "require"}
+    done = subprocess.run([sys.executable, "-c", ASAN_CHILD, *(["broken"] if broken else [])], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    if broken:
+        assert done.returncode != 0 and "AddressSanitizer: heap-buffer-overflow" in done.stderr, done.stderr[-2000:]
+    else:
+        assert done.returncode == 0 and "AddressSanitizer" not in done.stderr, done.stderr[-3000:]
+        assert done.stdout.strip().endswith("clean")
