@@ -55,9 +55,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import mmap
 import os
 import shutil
+import stat
 import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -69,7 +71,7 @@ from typing import Any
 import numpy as np
 import torch
 import zarr
-from zarr.codecs import Crc32cCodec
+from zarr.codecs import BytesCodec, Crc32cCodec
 from zarr.core.buffer import default_buffer_prototype
 
 from . import codecs
@@ -85,11 +87,13 @@ from .errors import (
     FormatVersionError,
     LayoutMismatchError,
 )
+from .hyper import check_hyper
 from .integrity import BlockDigests, shard_checksum
 from .layout import (
     DEFAULT_SHARD_NUMEL,
     FIELD_OF_STATE_KEY,
     MASTER_KEY,
+    MAX_PARAMS,
     MOMENT_FIELDS,
     STATE_KEY_OF_FIELD,
     Layout,
@@ -106,6 +110,8 @@ FORMAT_VERSION = 2  # 2: compressed moments (written only for them; float32 chec
 SCALES_SUFFIX = "_scales"
 CHECKSUMS = ("xxh3", "crc32c", None)
 SYNC_WINDOW = 2  # shards whose chunk files may still be syncing while the next is written
+MAX_METADATA_NBYTES = 256 << 20  # 256 MiB: a zarr.json (the group's holds ~200 B per parameter)
+MAX_STEP = 1 << 53  # the largest step count read back (every whole number up to it is a float)
 
 
 @dataclass(frozen=True)
@@ -356,6 +362,12 @@ def _array_specs(layout: Layout, field: str) -> dict[str, tuple[str, int, int, d
     }
 
 
+def _chunk_file_nbytes(arr: Any) -> int:
+    """Bytes of every chunk file of a checkpoint array (edge chunks are stored whole; crc32c adds 4)."""
+    crc = any(isinstance(c, Crc32cCodec) for c in arr.metadata.codecs)
+    return arr.chunks[0] * arr.dtype.itemsize + (4 if crc else 0)
+
+
 def _fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -507,27 +519,33 @@ def _require_clean(reader: Any) -> None:
 
 
 class _Checkpoint:
-    """An opened checkpoint: attributes checked, arrays opened, chunks read and verified."""
+    """An opened checkpoint: attributes checked, arrays opened, chunks read and verified.
+
+    Nothing in a checkpoint is trusted before it is checked: every entry must
+    be a regular file or a directory (a symlink, FIFO or device is refused
+    before zarr opens anything), metadata files are bounded in size, the
+    attributes must describe the layout they carry (parameter index, arrays,
+    formats and their block sizes, step counts, hyperparameters torch's
+    ``AdamW`` accepts), and every chunk file must be there with its size.
+    """
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path).expanduser()
-        if not (self.path / "zarr.json").is_file():
-            raise CorruptStateError(
-                f"{str(self.path)!r} is not a zarr v3 checkpoint (no zarr.json); pass the path that "
-                "save_checkpoint, export_statedir or state_dict_to_checkpoint wrote"
-            )
+        entries = _scan_checkpoint(self.path)
         try:
             group = zarr.open_group(str(self.path), mode="r")
             attrs = group.attrs.asdict()
         except Exception as exc:  # zarr raises many kinds on a damaged zarr.json
-            raise CorruptStateError(f"cannot open the checkpoint {self.path}: {exc}") from exc
+            raise CorruptStateError(
+                f"cannot open the checkpoint {self.path}: {exc}; the checkpoint is damaged, write it again"
+            ) from exc
         fmt, version = attrs.get("format"), attrs.get("format_version")
         if fmt != FORMAT_NAME:
             raise FormatVersionError(
                 f"{self.path} is a zarr group but not a tierstore checkpoint (format={fmt!r}); pass a "
                 "path written by save_checkpoint"
             )
-        if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+        if type(version) is not int or version > FORMAT_VERSION or version < 1:
             raise FormatVersionError(
                 f"{self.path} has checkpoint format_version {version!r}; this tierstore reads "
                 f"{FORMAT_NAME} versions up to {FORMAT_VERSION}. Upgrade tierstore to load it"
@@ -535,55 +553,128 @@ class _Checkpoint:
         self.attrs = attrs
         try:
             self.layout = manifest_mod.saved_layout(attrs, str(self.path))
-            self.params: list[dict] = list(attrs["params"])
-            self.param_steps: list[float | None] = list(attrs["param_steps"])
-            self.param_groups: list[dict] = [manifest_mod.decode_group(g) for g in attrs["param_groups"]]
-            self.step_count = int(attrs["step_count"])
-            names = list(attrs["arrays"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptStateError(f"the attributes of checkpoint {self.path} are incomplete ({exc!r})") from exc
-        if len(self.params) != len(self.layout.params) or len(self.param_steps) != len(self.layout.params):
-            raise CorruptStateError(f"the parameter index of checkpoint {self.path} does not match its layout")
+        except CorruptStateError as exc:
+            raise CorruptStateError(f"{exc}; the checkpoint is damaged, write it again") from exc
+        header = _check_header(
+            f"checkpoint {self.path}",
+            self.layout,
+            step_count=attrs.get("step_count"),
+            param_steps=attrs.get("param_steps"),
+            param_groups=attrs.get("param_groups"),
+        )
+        self.step_count, self.param_steps, self.param_groups = header
+        self.params: list[dict] = _check_param_index(attrs, self.layout, str(self.path))
+        names = self._check_arrays_attribute(attrs, version)
         self.format = self.layout.format
         self.arrays: dict[str, Any] = {}  # field -> its (code) array
         self.scales: dict[str, Any] = {}  # field -> its scales array (int8)
         self.chunk_checksums: dict[str, list[str] | None] = {}  # array name -> per-chunk checksums
         self.files: dict[str, ChunkFiles | None] = {}  # array name -> its chunk files (float32 arrays)
+        checksum = attrs.get("checksum")
         for name in names:
-            field = FIELD_OF_STATE_KEY.get(name)
-            if field is None or field not in self.layout.fields:
-                raise CorruptStateError(f"checkpoint {self.path} lists an unknown array {name!r}")
+            field = FIELD_OF_STATE_KEY[name]
             for array_name, spec in _array_specs(self.layout, field).items():
-                arr = self._open_array(group, array_name, spec)
+                arr = self._open_array(group, array_name, spec, entries, crc32c=checksum == "crc32c")
                 if array_name == name:
                     self.arrays[field] = arr
                 else:
                     self.scales[field] = arr
-                sums = arr.attrs.get("chunk_checksums")
-                if attrs.get("checksum") == "xxh3" and (not isinstance(sums, list) or len(sums) != len(self.layout.shards)):
-                    raise CorruptStateError(f"array {array_name} of checkpoint {self.path} lacks its chunk checksums")
-                self.chunk_checksums[array_name] = sums if attrs.get("checksum") == "xxh3" else None
+                self.chunk_checksums[array_name] = self._chunk_checksums(arr, array_name) if checksum == "xxh3" else None
                 self.files[array_name] = ChunkFiles.of(self.path / array_name, arr)
         self._cache: dict[str, tuple[int, np.ndarray]] = {}  # array name or field -> (chunk, its values)
         self._stream: mmap.mmap | None = None  # 1 MiB, for chunks only partly wanted (unmapped with the checkpoint)
 
-    def _open_array(self, group: Any, name: str, spec: tuple[str, int, int, dict]) -> Any:
+    def _check_arrays_attribute(self, attrs: dict[str, Any], version: int) -> list[str]:
+        """The arrays the checkpoint lists: exactly one per field of its layout, and the attributes that go with them."""
+        layout = self.layout
+        where = f"checkpoint {self.path}"
+        expected = [STATE_KEY_OF_FIELD[f] for f in layout.fields]
+        names = attrs.get("arrays")
+        if not _same(names, expected):
+            missing = [n for n in expected if not isinstance(names, list) or n not in names]
+            raise CorruptStateError(
+                f"{where} lists arrays {names!r}; its layout holds {expected}"
+                + (f" (missing {missing}: a missing moment is never read as zeros)" if missing else "")
+                + ". The checkpoint is damaged, write it again"
+            )
+        for field in ("exp_avg", "exp_avg_sq"):
+            if field not in layout.fields:
+                raise CorruptStateError(f"{where} has no {field} array (its layout holds {list(layout.fields)}); it is not an AdamW checkpoint")
+        checks: dict[str, Any] = {"shard_numel": layout.shard_numel, "total_numel": layout.total_numel}
+        if layout.encoded:
+            checks["moment_dtype"] = layout.format.name
+            checks["scale_arrays"] = {
+                STATE_KEY_OF_FIELD[f]: _scales_name(f) for f in layout.fields if f in MOMENT_FIELDS and layout.format.block_numel
+            }
+            if version < 2:
+                raise CorruptStateError(f"{where} holds {layout.format.name} moments but says format_version {version}; they came with version 2")
+        elif "moment_dtype" in attrs or "scale_arrays" in attrs:
+            raise CorruptStateError(f"{where} has moment_dtype/scale_arrays attributes but its layout holds float32 moments")
+        for key, value in checks.items():
+            if not _same(attrs.get(key), value):
+                raise CorruptStateError(f"{where} has {key}={attrs.get(key)!r}; its layout says {value!r}. The checkpoint is damaged, write it again")
+        if attrs.get("checksum") not in CHECKSUMS:
+            raise CorruptStateError(f"{where} has checksum={attrs.get('checksum')!r}; known checksums are {list(CHECKSUMS)}")
+        return names
+
+    def _chunk_checksums(self, arr: Any, name: str) -> list[str]:
+        where = f"array {name} of checkpoint {self.path}"
+        sums = arr.attrs.get("chunk_checksums")
+        if arr.attrs.get("chunk_checksum") != "xxh3_64" or not isinstance(sums, list) or len(sums) != len(self.layout.shards):
+            raise CorruptStateError(f"{where} lacks its chunk checksums (the checkpoint says checksum='xxh3'); write it again")
+        if not all(isinstance(d, str) and len(d) == 16 for d in sums):
+            raise CorruptStateError(f"{where} has chunk checksums that are not 16-digit xxh3 hex strings; write it again")
+        return sums
+
+    def _open_array(
+        self, group: Any, name: str, spec: tuple[str, int, int, dict], entries: dict[str, int], *, crc32c: bool
+    ) -> Any:
         where = f"array {name} of checkpoint {self.path}"
         try:
             arr = group[name]
         except Exception as exc:
             raise CorruptStateError(f"{where} is missing or unreadable ({exc}); the checkpoint is damaged") from exc
-        dtype, numel, chunk, _ = spec
-        if tuple(arr.shape) != (numel,) or tuple(arr.chunks) != (chunk,) or arr.dtype != np.dtype(dtype):
+        dtype, numel, chunk, attributes = spec
+        if (
+            not isinstance(arr, zarr.Array)
+            or tuple(arr.shape) != (numel,)
+            or tuple(arr.chunks) != (chunk,)
+            or arr.dtype != np.dtype(dtype)
+        ):
             raise CorruptStateError(
-                f"{where} is {arr.shape} {arr.dtype} in chunks of {arr.chunks}; its layout needs ({numel},) "
-                f"{dtype} in chunks of ({chunk},)"
+                f"{where} is {getattr(arr, 'shape', '?')} {getattr(arr, 'dtype', '?')} in chunks of "
+                f"{getattr(arr, 'chunks', '?')}; its layout needs ({numel},) {dtype} in chunks of ({chunk},)"
             )
-        stored = arr.nchunks_initialized
-        if stored != arr.nchunks:
+        # Only the codecs tierstore writes: the chunk files then have a known size, and no
+        # codec can expand a small file into a large allocation.
+        codecs_ = tuple(arr.metadata.codecs)
+        plain = (
+            len(codecs_) == 1 + crc32c
+            and isinstance(codecs_[0], BytesCodec)
+            and getattr(codecs_[0].endian, "value", "little") == "little"
+            and (not crc32c or isinstance(codecs_[1], Crc32cCodec))
+        )
+        if not plain:
             raise CorruptStateError(
-                f"{where} stores {stored} of its {arr.nchunks} chunks; chunk files were deleted or never "
-                "written. Write the checkpoint again"
+                f"{where} is encoded with {[type(c).__name__ for c in codecs_]}; a tierstore checkpoint uses "
+                f"BytesCodec (little endian){' and Crc32cCodec' if crc32c else ''} only"
+            )
+        saved = dict(arr.attrs)
+        extra = set(saved) - set(attributes) - {"chunk_checksum", "chunk_checksums"}
+        differs = [k for k in attributes if not _same(saved.get(k), attributes[k])]
+        if differs or extra:
+            key = differs[0] if differs else sorted(extra)[0]
+            raise CorruptStateError(
+                f"{where} has attribute {key}={saved.get(key)!r}"
+                + (f" where its format needs {attributes[key]!r}" if key in attributes else ", which tierstore never writes")
+                + " (a decoder that trusted it would read other values); the checkpoint is damaged, write it again"
+            )
+        # A missing chunk is refused here; one of the wrong size when it is read (verify lists each).
+        missing = [i for i in range(arr.nchunks) if f"{name}/{arr.metadata.encode_chunk_key((i,))}" not in entries]
+        if missing:
+            raise CorruptStateError(
+                f"{where} stores {arr.nchunks - len(missing)} of its {arr.nchunks} chunks (chunk {missing[0]} "
+                "is missing); chunk files were deleted or never written. Write the checkpoint again"
             )
         return arr
 
@@ -616,6 +707,8 @@ class _Checkpoint:
         valid = min(chunk, arr.shape[0] - index * chunk) * out.itemsize
         digests = BlockDigests(valid) if self.chunk_checksums[name] is not None else None
         whole = offset == 0 and out.nbytes == valid
+        # ChunkFiles opens the file itself; this refuses a link, FIFO or device in its place first.
+        self._check_chunk_file(name, index, arr, self._where(name, index))
         if not whole and self._stream is None:
             self._stream = mmap.mmap(-1, SCRATCH_NBYTES)  # not malloc: glibc would keep it after use
         try:
@@ -657,6 +750,7 @@ class _Checkpoint:
         chunk = arr.chunks[0]
         lo = index * chunk
         where = f"chunk {index} (elements {lo}..{lo + out.size}) of array {name} in {self.path}"
+        self._check_chunk_file(name, index, arr, where)
         try:
             arr.get_basic_selection(slice(lo, lo + out.size), out=default_buffer_prototype().nd_buffer.from_numpy_array(out))
         except Exception as exc:  # a crc32c mismatch or a truncated file surfaces as ValueError
@@ -669,6 +763,21 @@ class _Checkpoint:
                     f"{where} fails its checksum: expected {sums[index]}, read {got}; the checkpoint is "
                     "corrupt, write it again"
                 )
+
+    def _check_chunk_file(self, name: str, index: int, arr: Any, where: str) -> None:
+        """Before zarr reads a chunk (it reads a file whole, following links): a regular file of a chunk's size."""
+        path = self.path / name / arr.metadata.encode_chunk_key((index,))
+        expected = _chunk_file_nbytes(arr)
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            raise CorruptStateError(f"{where} cannot be read ({exc.strerror}); write the checkpoint again") from exc
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptStateError(f"{where}: {path} is {_kind(st.st_mode)}, not a regular file; write the checkpoint again")
+        if st.st_size != expected:
+            raise CorruptStateError(
+                f"{where} is corrupt ({path} holds {st.st_size} bytes, a chunk is {expected}); write the checkpoint again"
+            )
 
     def _ranged(
         self,
@@ -740,6 +849,202 @@ class _Checkpoint:
         self.read_range(STATE_KEY_OF_FIELD[field], shard.start, _numpy_codes(codes))
         if scales is not None:
             self.read_range(_scales_name(field), shard.start // fmt.block_numel, scales.numpy())
+
+
+def _kind(mode: int) -> str:
+    """What a file is, in words (for errors about files that are not regular files)."""
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISREG, "a regular file"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _scan_checkpoint(path: Path) -> dict[str, int]:
+    """Every file of a checkpoint (relative path -> size), checking that each entry is a regular file or a directory.
+
+    Runs before zarr opens anything: zarr follows symlinks and reads whole
+    files, so a FIFO would hang it, a device feed it without end and a link
+    point it outside the checkpoint.
+
+    Raises
+    ------
+    CorruptStateError
+        If ``path`` is not a directory holding ``zarr.json``, or any entry under
+        it is a symlink, FIFO, socket or device, or a ``zarr.json`` is larger than
+        :data:`MAX_METADATA_NBYTES`.
+    """
+    try:
+        top = os.stat(path)  # the path the caller named may be a link; nothing inside it may
+    except FileNotFoundError:
+        raise CorruptStateError(
+            f"checkpoint {str(path)!r} does not exist; pass the path that save_checkpoint, export_statedir "
+            "or state_dict_to_checkpoint wrote"
+        ) from None
+    except OSError as exc:
+        raise CorruptStateError(f"cannot read checkpoint {str(path)!r} ({exc.strerror}); check the path and its permissions") from exc
+    if not stat.S_ISDIR(top.st_mode):
+        raise CorruptStateError(
+            f"checkpoint {str(path)!r} is {_kind(top.st_mode)}, not a directory; a zarr checkpoint is a directory "
+            "holding zarr.json (a .pt file is read with torch.load)"
+        )
+    sizes: dict[str, int] = {}
+    pending = [""]
+    while pending:
+        rel = pending.pop()
+        try:
+            with os.scandir(path / rel if rel else path) as it:
+                listed = [(entry.name, entry.stat(follow_symlinks=False)) for entry in it]
+        except OSError as exc:
+            raise CorruptStateError(f"cannot list {path / rel} ({exc.strerror}); check its permissions") from exc
+        for name, st in listed:
+            child = f"{rel}/{name}" if rel else name
+            if stat.S_ISDIR(st.st_mode):
+                pending.append(child)
+            elif not stat.S_ISREG(st.st_mode):
+                raise CorruptStateError(
+                    f"{path / child} is {_kind(st.st_mode)}, not a regular file; a checkpoint holds only regular "
+                    "files and directories, so it is not read. Write the checkpoint again"
+                )
+            elif name == "zarr.json" and st.st_size > MAX_METADATA_NBYTES:
+                raise CorruptStateError(
+                    f"{path / child} holds {st.st_size} bytes, more than the {MAX_METADATA_NBYTES} a checkpoint's "
+                    "metadata may take; it is not read. Write the checkpoint again"
+                )
+            else:
+                sizes[child] = st.st_size
+    if "zarr.json" not in sizes:
+        raise CorruptStateError(
+            f"{str(path)!r} is not a zarr v3 checkpoint (no zarr.json); pass the path that "
+            "save_checkpoint, export_statedir or state_dict_to_checkpoint wrote"
+        )
+    return sizes
+
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON values equal with their types (``True`` is not ``1``, ``1.0`` is not ``1``)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_header(
+    where: str, layout: Layout, *, step_count: Any, param_steps: Any, param_groups: Any
+) -> tuple[int, list[float | None], list[dict[str, Any]]]:
+    """Check the step counts and param groups saved beside a layout (a checkpoint's or a manifest's).
+
+    Step counts are non-negative whole numbers (:data:`MAX_STEP` at most), one per
+    parameter or ``None``; every group a parameter names exists, and its
+    hyperparameters are values ``torch.optim.AdamW`` accepts
+    (:func:`tierstore.hyper.check_hyper`); a group using amsgrad needs the
+    ``max_exp_avg_sq`` field.
+
+    Returns
+    -------
+    (step_count, param_steps, param_groups)
+        The checked values, groups decoded (``betas`` as a tuple).
+
+    Raises
+    ------
+    CorruptStateError
+        Naming ``where``, the value and what was expected.
+    """
+    fix = "the state is damaged or was not written by tierstore"
+    if type(step_count) is not int or not 0 <= step_count <= MAX_STEP:
+        raise CorruptStateError(f"{where} has step_count={step_count!r}; it must be a whole number in [0, {MAX_STEP}] ({fix})")
+    if not isinstance(param_steps, list) or len(param_steps) != len(layout.params):
+        count = len(param_steps) if isinstance(param_steps, list) else type(param_steps).__name__
+        raise CorruptStateError(f"{where} has {count} param_steps for the {len(layout.params)} parameters of its layout ({fix})")
+    steps: list[float | None] = []
+    for i, s in enumerate(param_steps):
+        if s is not None and not (_is_number(s) and math.isfinite(s) and 0 <= s <= MAX_STEP and float(s).is_integer()):
+            raise CorruptStateError(f"{where} has param_steps[{i}]={s!r}; a step is null or a whole number in [0, {MAX_STEP}] ({fix})")
+        steps.append(None if s is None else float(s))
+    needed = 1 + max((p.group for p in layout.params), default=0)
+    if not isinstance(param_groups, list) or not needed <= len(param_groups) <= MAX_PARAMS:
+        count = len(param_groups) if isinstance(param_groups, list) else type(param_groups).__name__
+        raise CorruptStateError(f"{where} has {count} param_groups; its parameters name {needed} ({fix})")
+    groups = []
+    for gi, group in enumerate(param_groups):
+        at = f"{where} param_groups[{gi}]"
+        if not isinstance(group, dict):
+            raise CorruptStateError(f"{at} is {type(group).__name__}, not an object ({fix})")
+        for key in ("lr", "eps", "weight_decay"):
+            if not _is_number(group.get(key)):
+                raise CorruptStateError(f"{at} has {key}={group.get(key)!r}; it must be a number ({fix})")
+        betas = group.get("betas")
+        if not (isinstance(betas, list) and len(betas) == 2 and all(_is_number(b) for b in betas)):
+            raise CorruptStateError(f"{at} has betas={betas!r}; it must be a pair of numbers ({fix})")
+        for key in ("amsgrad", "maximize"):
+            if key in group and not isinstance(group[key], bool):
+                raise CorruptStateError(f"{at} has {key}={group[key]!r}; it must be true or false ({fix})")
+        decoded = manifest_mod.decode_group(group)
+        try:
+            check_hyper(decoded["lr"], decoded["betas"], decoded["eps"], decoded["weight_decay"], f" in {at}")
+        except ConfigError as exc:  # torch's AdamW would refuse the value: so does a load
+            raise CorruptStateError(f"{exc} ({fix})") from None
+        if decoded.get("amsgrad") and "max_exp_avg_sq" not in layout.fields:
+            raise CorruptStateError(f"{at} uses amsgrad but the state has no max_exp_avg_sq ({fix})")
+        groups.append(decoded)
+    return step_count, steps, groups
+
+
+def _check_param_index(attrs: dict[str, Any], layout: Layout, where: str) -> list[dict[str, Any]]:
+    """The checkpoint's parameter index, checked entry by entry against its layout.
+
+    The index is what plain zarr readers (and :func:`load_checkpoint`'s mapping
+    of another flat space) use: an entry that differs from the layout would
+    put moments on other parameters.
+
+    Raises
+    ------
+    CorruptStateError
+        Naming the first entry and key that differ.
+    """
+    index = attrs.get("params")
+    if not isinstance(index, list) or len(index) != len(layout.params):
+        count = len(index) if isinstance(index, list) else type(index).__name__
+        raise CorruptStateError(
+            f"the parameter index of checkpoint {where} has {count} entries, its layout {len(layout.params)} "
+            "parameters; the checkpoint is damaged, write it again"
+        )
+    keys = {"index", "group", "shape", "dtype", "start", "numel", "trainable"}
+    for p, saved in zip(layout.params, index):
+        expected = {
+            "index": p.index, "group": p.group, "shape": list(p.shape), "dtype": p.dtype,
+            "start": p.start, "numel": p.numel, "trainable": p.trainable,
+        }
+        at = f"parameter {p.index} in the index of checkpoint {where}"
+        if not isinstance(saved, dict) or not keys <= set(saved) <= keys | {"has_master"}:
+            raise CorruptStateError(f"{at} has keys {sorted(saved) if isinstance(saved, dict) else saved!r}; expected {sorted(keys)}")
+        for key, value in expected.items():
+            # Converted torch state dicts do not know the shapes of parameters without state (frozen here).
+            if key == "shape" and saved[key] is None and not p.trainable:
+                continue
+            if not _same(saved[key], value):
+                raise CorruptStateError(
+                    f"{at} has {key}={saved[key]!r}, its layout {value!r}; the checkpoint is damaged, write it again"
+                )
+        if "has_master" in saved and (
+            not isinstance(saved["has_master"], bool) or (saved["has_master"] and not (p.trainable and "master" in layout.fields))
+        ):
+            raise CorruptStateError(f"{at} has has_master={saved['has_master']!r} but its layout keeps no master for it")
+    return index
 
 
 def _check_same_model(ck: _Checkpoint, mine: Layout, n_groups: int) -> None:
