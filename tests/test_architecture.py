@@ -21,7 +21,7 @@ PACKAGE = Path(tierstore.__file__).parent
 #: Layer of every module, lowest first. A new module must be placed here (the test says so).
 LAYERS: dict[str, int] = {
     # 0: leaves
-    "_version": 0, "errors": 0, "sizes": 0, "faults": 0, "dtensor": 0, "dynamo": 0,
+    "_version": 0, "errors": 0, "sizes": 0, "faults": 0, "dtensor": 0, "dynamo": 0, "torch_private": 0, "build_flags": 0,
     # 1: pure descriptions and arithmetic (no I/O)
     "workers": 0, "native": 0, "codecs": 1, "layout": 1, "hyper": 1, "knobs": 1, "kernel": 1, "integrity": 1, "factory": 1, "distributed": 1,
     "commit_policy": 1,
