@@ -54,10 +54,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import math
 import mmap
 import os
+import secrets
 import shutil
 import stat
 import tempfile
@@ -86,6 +88,7 @@ from .errors import (
     DiskFullError,
     FormatVersionError,
     LayoutMismatchError,
+    StateDirError,
 )
 from .hyper import check_hyper
 from .integrity import BlockDigests, shard_checksum
@@ -214,18 +217,26 @@ class _Writer:
         self._syncs: deque[Future] = deque()
 
     def _check_target(self) -> None:
-        if not self.path.exists() and not self.path.is_symlink():
+        """Refuse a target ``overwrite`` may not replace: anything but a tierstore checkpoint directory.
+
+        The target is examined with ``lstat``: a symlink is never followed, so
+        a link planted at the path cannot make the replacement land elsewhere.
+        """
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
             return
         if not self.overwrite:
             raise CheckpointExistsError(
                 f"checkpoint path {str(self.path)!r} already exists; pass overwrite=True to replace it, "
                 "or choose another path"
             )
-        if not _is_checkpoint(self.path):
-            # Never delete a directory that is not ours (a typo could name $HOME).
+        if not stat.S_ISDIR(st.st_mode) or not _is_checkpoint(self.path):
+            # Never delete what is not ours (a typo could name $HOME, a link could point anywhere).
+            what = "a directory that is not a tierstore checkpoint" if stat.S_ISDIR(st.st_mode) else _kind(st.st_mode)
             raise CheckpointExistsError(
-                f"{str(self.path)!r} exists and is not a tierstore checkpoint, so overwrite=True will not "
-                "delete it; remove it yourself or choose another path"
+                f"{str(self.path)!r} exists and is {what}, so overwrite=True will not replace it (it replaces "
+                "only a tierstore checkpoint directory); remove it yourself or choose another path"
             )
 
     def write(self, shard: ShardSpec, field: str, data: torch.Tensor) -> None:
@@ -289,10 +300,20 @@ class _Writer:
                     _fsync_file(Path(dirpath) / name)
             fsync_dir(Path(dirpath))
         old = None
-        if self.path.exists():
+        self._check_target()  # again: the path may have changed while the checkpoint was written
+        if os.path.lexists(self.path):
             old = Path(tempfile.mkdtemp(dir=self.path.parent, prefix=f".{self.path.name}.old-"))
             os.rename(self.path, old / "ckpt")
-        os.rename(self.tmp, self.path)
+        try:
+            os.rename(self.tmp, self.path)  # a directory is renamed only onto a missing or empty one
+        except OSError as exc:
+            if old is not None:
+                with contextlib.suppress(OSError):
+                    os.rename(old / "ckpt", self.path)
+            raise CheckpointExistsError(
+                f"cannot move the new checkpoint into {str(self.path)!r} ({exc.strerror}): something was put "
+                "there while it was written; remove it or choose another path"
+            ) from exc
         fsync_dir(self.path.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
@@ -377,11 +398,131 @@ def _fsync_file(path: Path) -> None:
 
 
 def _is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a directory whose own ``zarr.json`` (a regular file, read without following
+    links and bounded in size) names the tierstore checkpoint format."""
     try:
-        group = zarr.open_group(str(path), mode="r")
-        return group.attrs.get("format") == FORMAT_NAME
-    except Exception:  # anything unreadable is "not a checkpoint" here
+        raw = _read_regular(path / "zarr.json", MAX_METADATA_NBYTES)
+        attrs = json.loads(raw).get("attributes", {})
+        return isinstance(attrs, dict) and attrs.get("format") == FORMAT_NAME
+    except (OSError, ValueError, AttributeError, RecursionError):  # unreadable or not JSON: not a checkpoint
         return False
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of ``path``: a regular file (never through a link, never a FIFO) of at most ``limit`` bytes.
+
+    Raises
+    ------
+    OSError
+        If it cannot be opened, is a link (``ELOOP``), is not a regular file
+        or is larger than ``limit`` (``EFBIG``).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, f"{path} is {_kind(st.st_mode)}, not a regular file")
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, f"{path} holds {st.st_size} bytes, more than {limit}")
+        chunks, left = [], limit + 1
+        while left > 0 and (piece := os.read(fd, min(left, 1 << 20))):
+            chunks.append(piece)
+            left -= len(piece)
+        if left <= 0:
+            raise OSError(errno.EFBIG, f"{path} grew past {limit} bytes while read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def write_output_file(path: str | os.PathLike, write: Callable[[Any], object], *, overwrite: bool) -> Path:
+    """Write a file at ``path`` atomically: ``write(file)`` fills a new temporary beside it, which then replaces it.
+
+    The temporary is created exclusively (``O_CREAT | O_EXCL | O_NOFOLLOW``,
+    a random name in the target's directory), so a file or link planted
+    under its name is never written through; it is synced and renamed over
+    the target, so ``path`` holds the old file or the complete new one.
+    ``overwrite`` replaces only a regular file: a directory, link, FIFO,
+    socket or device at ``path`` is refused, never followed or truncated.
+
+    Parameters
+    ----------
+    path
+        The file to create (its directory must exist).
+    write
+        Called with the temporary opened for binary writing (e.g.
+        ``lambda f: torch.save(obj, f)``).
+    overwrite
+        Replace an existing regular file at ``path``.
+
+    Returns
+    -------
+    Path
+        ``path``.
+
+    Raises
+    ------
+    CheckpointExistsError
+        If ``path`` exists and ``overwrite`` is false, or it is not a regular file.
+    StateDirError
+        If the directory of ``path`` does not exist or cannot be written.
+    DiskFullError
+        If the drive fills up (the temporary is removed, ``path`` is untouched).
+
+    Example
+    -------
+    >>> import tempfile
+    >>> out = write_output_file(tempfile.mkdtemp() + "/x.bin", lambda f: f.write(b"hi"), overwrite=False)
+    >>> out.read_bytes()
+    b'hi'
+    """
+    path = Path(path).expanduser()
+
+    def check() -> None:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        if not overwrite:
+            raise CheckpointExistsError(f"{str(path)!r} exists; pass overwrite=True to replace it, or choose another path")
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointExistsError(
+                f"{str(path)!r} is {_kind(st.st_mode)}, so it is not replaced (overwrite replaces only a regular "
+                "file); remove it yourself or choose another path"
+            )
+
+    check()
+    parent = path.parent
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        tmp = parent / f".{path.name}.{secrets.token_hex(8)}.partial"
+        try:
+            fd = os.open(tmp, flags, 0o666)  # the umask applies, as to any file the user writes
+            break
+        except FileExistsError:
+            continue  # that name is taken (by a planted file or link too): draw another
+        except OSError as exc:
+            raise StateDirError(
+                f"cannot create a file in {str(parent)!r} ({exc.strerror}); pass an output path in an existing, "
+                "writable directory"
+            ) from exc
+    else:  # pragma: no cover - 100 random 64-bit names all taken
+        raise StateDirError(f"cannot find a free temporary name in {str(parent)!r}")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        check()  # again: the target may have changed while the file was written
+        os.replace(tmp, path)  # replaces a link itself, never its target
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(f"disk full while writing {str(path)!r}; free space on that drive or write elsewhere") from exc
+        raise
+    fsync_dir(parent)
+    return path
 
 
 def save_checkpoint(opt: ShardAccess, path: str | os.PathLike, *, overwrite: bool = False, checksum: str | None = "xxh3") -> None:
@@ -488,15 +629,14 @@ def export_statedir(
     >>> float(checkpoint_to_state_dict(d + "/ckpt.zarr")["state"][0]["step"])
     1.0
     """
-    from .reader import StateReader
-
-    with StateReader(state_dir) as reader:
+    with open_state_reader(state_dir) as reader:
         _require_clean(reader)
+        step_count, param_steps, _ = check_manifest_header(reader)
         header = _Header(
             layout=reader.layout,
-            step_count=reader.step_count,
-            param_groups=list(reader.manifest["param_groups"]),
-            param_steps=reader.param_steps,
+            step_count=step_count,
+            param_groups=list(reader.manifest["param_groups"]),  # checked, still encoded as saved
+            param_steps=param_steps,
             source="state_dir",
         )
         with _Writer(path, header, overwrite=overwrite, checksum=checksum) as writer:
@@ -513,6 +653,134 @@ def _require_clean(reader: Any) -> None:
             f"{reader.path} was written with durable=False by a run that did not close() cleanly, so "
             "its files mix several steps; there is no consistent state to read"
         )
+
+
+def check_state_files(state_dir: str | os.PathLike) -> Path:
+    """Check that ``state_dir`` is a directory whose manifest and state files are regular files.
+
+    Runs before anything in the directory is opened: a FIFO in place of a
+    shard file or the manifest would hang a read, a device would feed it
+    without end, a link would point it outside the directory.
+
+    Returns
+    -------
+    Path
+        The directory.
+
+    Raises
+    ------
+    StateDirError
+        If ``state_dir`` does not exist or is not a directory.
+    CorruptStateError
+        If its manifest or a state file is a link, FIFO, socket, device or directory.
+
+    Example
+    -------
+    >>> import tempfile
+    >>> check_state_files(tempfile.mkdtemp()).is_dir()
+    True
+    """
+    from .statedir import MANIFEST
+    from .store import STATE_FILES
+
+    path = Path(state_dir).expanduser()
+    try:
+        top = os.stat(path)  # the directory the caller named may be a link; nothing inside it may
+    except FileNotFoundError:
+        raise StateDirError(f"state directory {str(path)!r} does not exist; pass the state_dir a TieredAdamW wrote") from None
+    except OSError as exc:
+        raise StateDirError(f"cannot read state directory {str(path)!r} ({exc.strerror}); check the path and its permissions") from exc
+    if not stat.S_ISDIR(top.st_mode):
+        raise StateDirError(f"state directory {str(path)!r} is {_kind(top.st_mode)}, not a directory; pass the state_dir a TieredAdamW wrote")
+    for name in (MANIFEST, *STATE_FILES):
+        try:
+            st = os.lstat(path / name)
+        except FileNotFoundError:
+            continue  # the reader says what a missing file means
+        except OSError as exc:
+            raise CorruptStateError(f"cannot read {path / name} ({exc.strerror}); check its permissions") from exc
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptStateError(
+                f"{path / name} is {_kind(st.st_mode)}, not a regular file; a state directory holds only regular "
+                "files, so it is not read. Restore the state directory from a checkpoint"
+            )
+    return path
+
+
+def open_state_reader(state_dir: str | os.PathLike) -> Any:
+    """A :class:`~tierstore.reader.StateReader` over ``state_dir``, its files checked first (:func:`check_state_files`)
+    and its manifest's step counts, param groups and shard records checked (:func:`check_manifest_header`).
+
+    Raises
+    ------
+    StateDirError, CorruptStateError
+        As :func:`check_state_files` and :func:`check_manifest_header`.
+    FormatVersionError
+        If the manifest was written by another format version.
+
+    Example
+    -------
+    >>> import tempfile, torch
+    >>> from tierstore import TieredAdamW
+    >>> d = tempfile.mkdtemp(); w = torch.nn.Parameter(torch.zeros(3)); w.grad = torch.ones(3)
+    >>> with TieredAdamW([w], state_dir=d) as opt:
+    ...     _ = opt.step()
+    >>> with open_state_reader(d) as reader:
+    ...     reader.step_count
+    1
+    """
+    from .reader import StateReader
+
+    reader = StateReader(check_state_files(state_dir))
+    try:
+        check_manifest_header(reader)
+    except BaseException:
+        reader.close()
+        raise
+    return reader
+
+
+def check_manifest_header(reader: Any) -> tuple[int, list[float | None], list[dict[str, Any]]]:
+    """A state directory's step counts and param groups, checked as a checkpoint's are (:func:`_check_header`),
+    and its shard records (one per shard of the layout, each naming copy 0 or 1).
+
+    Raises
+    ------
+    CorruptStateError
+        Naming the manifest and the value.
+
+    Example
+    -------
+    >>> import tempfile, torch
+    >>> from tierstore import TieredAdamW
+    >>> d = tempfile.mkdtemp(); w = torch.nn.Parameter(torch.zeros(3)); w.grad = torch.ones(3)
+    >>> with TieredAdamW([w], state_dir=d) as opt:
+    ...     _ = opt.step()
+    >>> with open_state_reader(d) as reader:
+    ...     check_manifest_header(reader)[:2]
+    (1, [1.0])
+    """
+    from .statedir import MANIFEST
+
+    m = reader.manifest
+    where = f"the manifest {reader.path / MANIFEST}"
+    header = _check_header(
+        where, reader.layout, step_count=m.get("step_count"), param_steps=m.get("param_steps"), param_groups=m.get("param_groups")
+    )
+    records = m.get("shards")
+    if not isinstance(records, list) or len(records) != len(reader.layout.shards):
+        count = len(records) if isinstance(records, list) else type(records).__name__
+        raise CorruptStateError(f"{where} has {count} shard records for the {len(reader.layout.shards)} shards of its layout")
+    for i, rec in enumerate(records):
+        if (
+            not isinstance(rec, dict)
+            or type(rec.get("copy")) is not int
+            or rec["copy"] not in (0, 1)
+            or not (rec.get("checksum") is None or isinstance(rec.get("checksum"), str))
+            or not (rec.get("stale_checksum") is None or isinstance(rec.get("stale_checksum"), str))
+        ):
+            raise CorruptStateError(f"{where} has a malformed record for shard {i}: {rec!r}; restore the state directory from a checkpoint")
+    return header
 
 
 # -- reading ---------------------------------------------------------------
@@ -1229,12 +1497,11 @@ def statedir_to_state_dict(state_dir: str | os.PathLike) -> dict[str, Any]:
     >>> sorted(statedir_to_state_dict(d)["state"][0])
     ['exp_avg', 'exp_avg_sq', 'step']
     """
-    from .reader import StateReader
-
-    with StateReader(state_dir) as reader:
+    with open_state_reader(state_dir) as reader:
         _require_clean(reader)
         layout = reader.layout
-        result, flats = empty_state_dict(layout, reader.param_steps, reader.param_groups)
+        _, param_steps, param_groups = check_manifest_header(reader)
+        result, flats = empty_state_dict(layout, param_steps, param_groups)
         for index in layout.shards_of(flats):
             layout.copy_out(layout.shards[index], reader.read_shard(index), flats)
     return result
