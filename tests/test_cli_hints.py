@@ -44,7 +44,7 @@ def test_plan_model_takes_diagnose_factory(capsys) -> None:
 
 def test_plan_model_error_names_both_accepted_returns(capsys) -> None:
     rc, _, err = _run(capsys, "plan", "--model", f"{__name__}:returns_a_list", "--host-ram", "1GiB")
-    assert rc == 1
+    assert rc == 2  # a --model that cannot be used: a usage error
     assert "returned a list" in err and "tuple whose first element is the model" in err
 
 
@@ -75,7 +75,7 @@ def test_export_onto_existing_checkpoint_names_the_flag(capsys, state_dir, tmp_p
     out_path = tmp_path / "ck.zarr"
     assert _run(capsys, "export", str(state_dir), str(out_path), "--no-progress")[0] == 0
     rc, _, err = _run(capsys, "export", str(state_dir), str(out_path), "--no-progress")
-    assert rc == 1 and "pass --overwrite" in err and "overwrite=True" not in err
+    assert rc == 2 and "pass --overwrite" in err and "overwrite=True" not in err
     assert _run(capsys, "export", str(state_dir), str(out_path), "--no-progress", "--overwrite")[0] == 0
 
 
@@ -83,7 +83,7 @@ def test_to_torch_on_a_zarr_checkpoint_hints_at_from_zarr(capsys, state_dir, tmp
     ck = tmp_path / "ck.zarr"
     assert _run(capsys, "export", str(state_dir), str(ck), "--no-progress")[0] == 0
     rc, _, err = _run(capsys, "to-torch", str(ck), str(tmp_path / "a.pt"))
-    assert rc == 1 and "pass --from-zarr" in err
+    assert rc == 2 and "pass --from-zarr" in err
     rc, _, err = _run(capsys, "to-torch", str(state_dir), str(tmp_path / "b.pt"), "--from-zarr")
-    assert rc == 1 and "drop --from-zarr" in err
+    assert rc == 2 and "drop --from-zarr" in err
     assert _run(capsys, "to-torch", str(ck), str(tmp_path / "c.pt"), "--from-zarr")[0] == 0

@@ -79,8 +79,8 @@ def test_cli_mismatch_exits_nonzero(tmp_path, capsys, monkeypatch):
     [
         (["--steps", "0"], 2),
         (["--steps", "many"], 2),
-        (["--ram-budget", "lots"], 1),  # ConfigError, reported by the CLI
-        (["--ram-budget", "1KiB"], 1),  # BudgetError: the arena does not fit
+        (["--ram-budget", "lots"], 2),  # ConfigError, reported by the CLI as a usage error
+        (["--ram-budget", "1KiB"], 2),  # BudgetError (a ConfigError): the arena does not fit
     ],
 )
 def test_cli_bad_flags(tmp_path, capsys, argv, code):

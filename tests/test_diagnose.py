@@ -280,5 +280,5 @@ def test_cli_table_and_conventions(factories: Path, factory: str, capsys: pytest
 )
 def test_cli_bad_inputs(factories: Path, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     argv = [a.replace("{f}", str(factories)) for a in argv]
-    assert main(["diagnose", *argv]) == 1
+    assert main(["diagnose", *argv]) == 2  # a --model or flag value that cannot be used: a usage error
     assert message in capsys.readouterr().err

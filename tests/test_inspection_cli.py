@@ -181,7 +181,7 @@ def test_inspect_text(state_dir: Path, capsys: pytest.CaptureFixture) -> None:
 def test_export_then_inspect_and_load(state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "ckpt.zarr"
     assert main(["export", str(state_dir), str(out)]) == 0
-    assert main(["export", str(state_dir), str(out)]) == 1  # exists: refused
+    assert main(["export", str(state_dir), str(out)]) == 2  # exists: a usage error (--overwrite)
     assert "overwrite" in capsys.readouterr().err
     assert main(["export", "--overwrite", "--checksum", "crc32c", str(state_dir), str(out)]) == 0
     assert main(["inspect", "--json", str(out)]) == 0
@@ -207,7 +207,7 @@ def test_to_torch(state_dir: Path, tmp_path: Path, from_zarr: bool) -> None:
         assert main(["export", str(state_dir), str(src)]) == 0
     out = tmp_path / "adamw.pt"
     assert main(["to-torch", *(["--from-zarr"] if from_zarr else []), str(src), str(out)]) == 0
-    assert main(["to-torch", *(["--from-zarr"] if from_zarr else []), str(src), str(out)]) == 1  # exists
+    assert main(["to-torch", *(["--from-zarr"] if from_zarr else []), str(src), str(out)]) == 2  # exists
     sd = torch.load(out)
     assert sorted(sd["state"]) == [0, 2, 3]
     assert [g["params"] for g in sd["param_groups"]] == [[0, 1, 2], [3]]
@@ -225,9 +225,9 @@ def test_to_torch(state_dir: Path, tmp_path: Path, from_zarr: bool) -> None:
 
 def test_commands_on_a_directory_without_state(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     for argv in (["inspect", str(tmp_path)], ["verify", str(tmp_path)], ["export", str(tmp_path), str(tmp_path / "o.zarr")], ["to-torch", str(tmp_path), str(tmp_path / "o.pt")]):
-        assert main(argv) == 1, argv
+        assert main(argv) == 2, argv  # missing input: a usage error
         captured = capsys.readouterr()
-        assert "manifest.json is missing" in captured.out + captured.err
+        assert "holds neither manifest.json" in captured.err and "restore" not in captured.err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 

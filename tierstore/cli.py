@@ -4,6 +4,14 @@ Each subcommand lives in its own module exposing ``add_arguments(parser)``
 and ``run(args) -> int``; modules are imported only when their subcommand
 runs, so ``tierstore --help`` stays fast.
 
+Every failure ends in one line on stderr and an exit status, never a
+traceback (:data:`EXIT_STATUS`, shown by ``--help``): 0 ok, 1 a check failed
+or an input is damaged (a tierstore error about what was read), 2 a usage
+error or missing input (argparse's own errors, a value tierstore cannot use:
+:class:`~tierstore.errors.ConfigError`, an output that exists, a path that
+does not exist). An error that is not tierstore's is reported as a bug with
+its type, and ``-vv`` shows its traceback.
+
 Example
 -------
 >>> main(["--version"])  # doctest: +SKIP
@@ -21,7 +29,17 @@ import sys
 from collections.abc import Sequence
 
 from ._version import __version__
-from .errors import TierstoreError
+from .errors import CheckpointExistsError, ConfigError, TierstoreError
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # a check failed (verify found damage, demo found a difference), or an input is damaged
+EXIT_USAGE = 2  # a usage error or missing input: bad flags or values, no such path, an existing output
+EXIT_STATUS = (
+    "exit status: 0 ok; 1 a check failed (verify found damage) or an input is damaged; 2 usage error or "
+    "missing input (bad flags or values, no such directory, a file where a directory is needed, an output "
+    "that exists without --overwrite). Some commands add their own (see COMMAND --help): verify 3 when only "
+    "stale copies are damaged, plan 3 with --fail-if-not-fit."
+)
 
 # name -> (module, one-line help). Nested "bench" commands use "bench io" style names.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -45,7 +63,9 @@ def _available(module: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tierstore", description="Tiered AdamW optimizer state: RAM + local disk.")
+    parser = argparse.ArgumentParser(
+        prog="tierstore", description="Tiered AdamW optimizer state: RAM + local disk.", epilog=EXIT_STATUS
+    )
     parser.add_argument("--version", action="version", version=f"tierstore {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -65,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(module)
         add = getattr(mod, f"add_{parts[-1].replace('-', '_')}_arguments", None) or mod.add_arguments
         add(cmd)
+        cmd.epilog = cmd.epilog or EXIT_STATUS  # a command with codes of its own lists them all
         cmd.set_defaults(_module=module, _name=parts[-1])
     return parser
 
@@ -84,9 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = getattr(mod, f"run_{args._name.replace('-', '_')}", None) or mod.run
     try:
         return int(run(args) or 0)
+    except (ConfigError, CheckpointExistsError) as exc:  # a value or path given cannot be used
+        return _fail(exc, EXIT_USAGE)
     except TierstoreError as exc:
-        print(f"tierstore: error: {exc}", file=sys.stderr)
-        return 1
+        return _fail(exc, EXIT_FAILED)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -94,6 +116,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit
         return 141
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:  # a path given is not there
+        return _fail(exc, EXIT_USAGE)
+    except OSError as exc:  # the environment: permissions, a full or failing drive
+        return _fail(exc, EXIT_FAILED)
+    except Exception as exc:
+        if args.verbose >= 2:
+            raise
+        print(
+            f"tierstore: internal error: {type(exc).__name__}: {_one_line(exc)}; this is a bug in tierstore: "
+            "rerun with -vv to see where it happened, and report it",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _fail(exc: BaseException, code: int) -> int:
+    print(f"tierstore: error: {_one_line(exc)}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

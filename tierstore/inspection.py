@@ -11,10 +11,18 @@ checkpoint; none needs the optimizer, the model or a GPU.
 - ``verify DIR`` checks every checksum of the committed copies (errors) and of
   the intact stale copies (warnings) and prints each problem with its shard
   and file; given a zarr checkpoint, it reads and checks every chunk. Exit status: 0 clean, 1 the committed state (or the manifest) is
-  bad, 3 only stale copies are damaged (the committed state is intact).
+  bad, 2 a usage error or missing input (no such directory, a file where a directory is needed),
+  3 only stale copies are damaged (the committed state is intact).
 - ``export DIR OUT.zarr`` streams the committed state into a zarr checkpoint.
 - ``to-torch DIR OUT.pt`` writes a ``torch.optim.AdamW`` state dict (the whole
   state in RAM); ``--from-zarr`` converts a zarr checkpoint instead.
+
+Every input is classified before it is read (:func:`input_kind`): a path that
+does not exist, a file where a directory is needed or a directory that is
+neither kind is a usage error (exit 2) that names the path; a damaged or
+crafted input ends in one line naming the file and exit 1. Outputs are
+written beside their target and renamed over it; ``--overwrite`` replaces
+only a regular file (``to-torch``) or a tierstore checkpoint (``export``).
 
 Example
 -------
@@ -30,7 +38,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,26 +48,98 @@ from typing import Any
 from tqdm import tqdm
 
 from .checkpoint import (
+    check_manifest_header,
     checkpoint_to_state_dict,
     export_statedir,
+    open_state_reader,
     read_checkpoint_attributes,
     statedir_to_state_dict,
     verify_checkpoint,
+    write_output_file,
 )
-from .errors import CheckpointExistsError, CorruptStateError, FormatVersionError
+from .errors import (
+    CheckpointExistsError,
+    ConfigError,
+    CorruptStateError,
+    FormatVersionError,
+    LayoutMismatchError,
+)
 from .layout import Layout
 from .manifest import decode_group
-from .reader import Problem, StateReader
+from .reader import Problem
 from .sizes import format_size
-from .statedir import INFLIGHT
+from .statedir import INFLIGHT, LOCK, MANIFEST
+from .store import STATE_FILES
 
 EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_CORRUPT = 1  # the committed state or the manifest is bad (argparse uses 2 for usage errors)
+EXIT_ERROR = 1  # a check failed, or the input is damaged
+EXIT_CORRUPT = 1  # the committed state or the manifest is bad
+EXIT_USAGE = 2  # a usage error or missing input (argparse uses 2 for its own)
 EXIT_STALE_ONLY = 3  # only stale copies (the step before the commit) are damaged
+#: Errors that mean "the input is damaged" (exit 1), as opposed to usage errors (exit 2).
+DAMAGED = (CorruptStateError, FormatVersionError, LayoutMismatchError)
 CORE_HYPER = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
 # Keys torch.optim.AdamW adds to every group; shown in text only when not at these values.
 _TORCH_KEYS = {"foreach": None, "capturable": False, "differentiable": False, "fused": True, "decoupled_weight_decay": True}
+
+
+# -- what the input is ----------------------------------------------------------
+
+
+def input_kind(path: str | os.PathLike, command: str) -> str:
+    """``"state_dir"`` or ``"checkpoint"``: what the directory ``path`` holds, before anything in it is read.
+
+    Only names are looked at (``lstat``), so a damaged or crafted directory
+    is classified without being read; reading it is then the command's job.
+
+    Raises
+    ------
+    ConfigError
+        If ``path`` does not exist, is not a directory, or holds neither a
+        ``manifest.json`` (a state directory) nor a ``zarr.json`` (a zarr
+        checkpoint): a usage error (exit 2) that names the path.
+
+    Example
+    -------
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); (d / "zarr.json").write_text("{}")
+    2
+    >>> input_kind(d, "inspect")
+    'checkpoint'
+    """
+    path = Path(path)
+    wanted = "a tierstore state directory (the state_dir of a TieredAdamW) or a zarr checkpoint"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{command}: {str(path)!r} does not exist; pass {wanted}") from None
+    except OSError as exc:
+        raise ConfigError(f"{command}: cannot look at {str(path)!r} ({exc.strerror}); pass {wanted}") from exc
+    if not stat.S_ISDIR(st.st_mode):
+        hint = "; a .pt state dict is read with torch.load" if path.suffix == ".pt" else ""
+        kind = "a regular file" if stat.S_ISREG(st.st_mode) else "not a directory"
+        raise ConfigError(f"{command}: {str(path)!r} is {kind}, not a directory; pass {wanted}{hint}")
+    if os.path.lexists(path / "zarr.json"):
+        return "checkpoint"
+    if any(os.path.lexists(path / name) for name in (MANIFEST, *STATE_FILES)):
+        return "state_dir"  # state files without a manifest: a damaged state directory, for the reader to report
+    started = os.path.lexists(path / LOCK)
+    raise ConfigError(
+        f"{command}: {str(path)!r} holds neither {MANIFEST} (a state directory) nor zarr.json (a zarr checkpoint)"
+        + (": an optimizer opened it, but no step was committed there" if started else f"; pass {wanted}")
+    )
+
+
+def _plain(value: Any) -> Any:
+    """A saved string as it may be printed: escapes shown, never sent to the terminal."""
+    return value if not isinstance(value, str) or value.isprintable() else repr(value)
+
+
+def _number(value: Any) -> float | int | None:
+    """A saved number, or ``None`` when it is not a finite number (a crafted file must not break printing)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return value
 
 
 # -- inspect -----------------------------------------------------------------
@@ -117,30 +199,33 @@ def describe_statedir(path: str | os.PathLike) -> dict[str, Any]:
     >>> info = describe_statedir(d); info["step_count"], info["layout"]["trainable"]
     (1, 1)
     """
-    with StateReader(path) as reader:
+    with open_state_reader(path) as reader:
         m = reader.manifest
         layout = reader.layout
+        step_count, param_steps, param_groups = check_manifest_header(reader)
+        ram_budget = _number(m.get("ram_budget"))
+        committed_at = _number(m.get("committed_at"))
         return {
             "kind": "state_dir",
             "path": str(reader.path),
-            "step_count": reader.step_count,
-            "committed_at": m.get("committed_at"),
+            "step_count": step_count,
+            "committed_at": committed_at if committed_at is not None and committed_at < 1e11 else None,
             "clean": reader.clean,
             "durable": bool(m.get("durable")),
-            "interrupted_after_commit": (reader.path / INFLIGHT).exists(),
-            "tierstore_version": m.get("tierstore_version"),
+            "interrupted_after_commit": os.path.lexists(reader.path / INFLIGHT),
+            "tierstore_version": _plain(m.get("tierstore_version")),
             "format_version": m.get("format_version"),
-            "backend": m.get("backend"),
+            "backend": _plain(m.get("backend")),
             "moment_dtype": layout.format.name,
-            "layout": _layout_summary(layout, m["fingerprint"]),
+            "layout": _layout_summary(layout, layout.fingerprint),
             "bytes": {
                 "state_per_copy": layout.state_nbytes,
                 "per_full_shard": layout.slot_nbytes,
                 "files": reader.file_sizes(),
-                "ram_budget": m.get("ram_budget"),
+                "ram_budget": int(ram_budget) if ram_budget is not None else None,
             },
-            "param_steps": _steps_summary(reader.param_steps),
-            "param_groups": _groups_summary(reader.param_groups, layout),
+            "param_steps": _steps_summary(param_steps),
+            "param_groups": _groups_summary(param_groups, layout),
         }
 
 
@@ -162,22 +247,22 @@ def describe_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     >>> describe_checkpoint(p)["source"]
     'torch'
     """
-    attrs = read_checkpoint_attributes(path)
+    attrs = read_checkpoint_attributes(path)  # checked: layout, steps, groups, arrays, every entry a plain file
     layout = Layout.from_dict(attrs["layout"])
-    arrays_bytes = sum(
-        f.stat().st_size for f in Path(path).rglob("*") if f.is_file() and f.name != "zarr.json"
-    )
+    arrays_bytes = 0
+    for dirpath, _dirs, files in os.walk(path):  # never follows links (and the check above refused any)
+        arrays_bytes += sum(os.lstat(os.path.join(dirpath, f)).st_size for f in files if f != "zarr.json")
     return {
         "kind": "checkpoint",
         "path": str(path),
         "step_count": attrs["step_count"],
-        "source": attrs.get("source"),
-        "tierstore_version": attrs.get("tierstore_version"),
+        "source": _plain(attrs.get("source")),
+        "tierstore_version": _plain(attrs.get("tierstore_version")),
         "format_version": attrs["format_version"],
         "checksum": attrs.get("checksum"),
         "arrays": attrs["arrays"],
         "moment_dtype": layout.format.name,
-        "layout": _layout_summary(layout, attrs["fingerprint"]),
+        "layout": _layout_summary(layout, layout.fingerprint),
         "bytes": {"state": layout.state_nbytes, "files": arrays_bytes},
         "param_steps": _steps_summary(attrs["param_steps"]),
         "param_groups": _groups_summary([decode_group(g) for g in attrs["param_groups"]], layout),
@@ -189,7 +274,7 @@ def _format_group(group: dict[str, Any]) -> str:
     for key, value in group.items():
         if key in CORE_HYPER or key == "params" or _TORCH_KEYS.get(key, object()) == value:
             continue
-        parts.append(f"{key}={value}")
+        parts.append(f"{_plain(key)}={_plain(value)}")
     return " ".join(parts)
 
 
@@ -244,7 +329,11 @@ def _print_text(info: dict[str, Any]) -> None:
 
 def run_inspect(args: argparse.Namespace) -> int:
     path = Path(args.dir)
-    info = describe_checkpoint(path) if (path / "zarr.json").is_file() else describe_statedir(path)
+    try:
+        kind = input_kind(path, "inspect")
+    except ConfigError as exc:
+        return _usage(str(exc))
+    info = describe_checkpoint(path) if kind == "checkpoint" else describe_statedir(path)
     if args.json:
         print(json.dumps(info, indent=2, sort_keys=True))
     else:
@@ -258,13 +347,16 @@ def run_inspect(args: argparse.Namespace) -> int:
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", help="a tierstore state directory (or a zarr checkpoint)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.epilog = "exit status: 0 clean; 1 the committed state or manifest is corrupt; 3 only stale copies are damaged"
+    parser.epilog = (
+        "exit status: 0 clean; 1 the committed state or manifest is corrupt; 2 usage error or missing input "
+        "(no such directory, a file where a directory is needed); 3 only stale copies are damaged"
+    )
 
 
 def _verify_checkpoint(path: Path, no_progress: bool) -> int:
     try:
         info = read_checkpoint_attributes(path)
-    except (CorruptStateError, FormatVersionError) as exc:
+    except DAMAGED as exc:
         print(f"error: {exc}")
         return EXIT_CORRUPT
     total = Layout.from_dict(info["layout"]).state_nbytes  # each field's arrays, in its format
@@ -285,11 +377,15 @@ def _verify_checkpoint(path: Path, no_progress: bool) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     path = Path(args.dir)
-    if (path / "zarr.json").is_file():
+    try:
+        kind = input_kind(path, "verify")
+    except ConfigError as exc:
+        return _usage(str(exc))
+    if kind == "checkpoint":
         return _verify_checkpoint(path, args.no_progress)
     try:
-        reader = StateReader(path)
-    except (CorruptStateError, FormatVersionError) as exc:
+        reader = open_state_reader(path)
+    except DAMAGED as exc:
         print(f"error: {exc}")
         return EXIT_CORRUPT
     with reader:
@@ -339,27 +435,36 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _is_zarr_checkpoint(path: str | Path) -> bool:
-    return (Path(path) / "zarr.json").is_file()
-
-
 def _error(message: str) -> int:
     print(f"tierstore: error: {message}", file=sys.stderr)
     return EXIT_ERROR
 
 
+def _usage(message: str) -> int:
+    print(f"tierstore: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _flag_text(exc: Exception) -> str:
+    """The library speaks of its keyword argument; on the command line the fix is a flag."""
+    return str(exc).replace("overwrite=True", "--overwrite")
+
+
 def run_export(args: argparse.Namespace) -> int:
-    if _is_zarr_checkpoint(args.dir):
-        return _error(f"{args.dir} is already a zarr checkpoint; export reads a state directory")
-    with StateReader(args.dir) as reader:
+    try:
+        kind = input_kind(args.dir, "export")
+    except ConfigError as exc:
+        return _usage(str(exc))
+    if kind == "checkpoint":
+        return _usage(f"{args.dir} is already a zarr checkpoint; export reads a state directory")
+    with open_state_reader(args.dir) as reader:
         total = reader.layout.state_nbytes
     checksum = None if args.checksum == "none" else args.checksum
     try:
         with tqdm(total=total, unit="B", unit_scale=True, desc="export", disable=True if args.no_progress else None, file=sys.stderr) as bar:
             export_statedir(args.dir, args.out, overwrite=args.overwrite, checksum=checksum, progress=bar.update)
     except CheckpointExistsError as exc:
-        # The library speaks of its keyword argument; here the fix is a flag.
-        return _error(str(exc).replace("overwrite=True", "--overwrite"))
+        return _usage(_flag_text(exc))
     print(f"exported {args.dir} to {args.out}")
     return EXIT_OK
 
@@ -368,22 +473,43 @@ def add_to_torch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", help="a tierstore state directory (or, with --from-zarr, a zarr checkpoint)")
     parser.add_argument("out", help="the .pt file to write (torch.save of a torch.optim.AdamW state dict)")
     parser.add_argument("--from-zarr", action="store_true", help="SRC is a zarr checkpoint, not a state directory")
-    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it is a regular file")
+
+
+def _check_output(out: Path, overwrite: bool) -> str | None:
+    """Why ``out`` cannot be written (checked before the state is read), or ``None``."""
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        if not out.parent.is_dir():
+            return f"the directory of {out} ({out.parent}) does not exist; create it or pass another OUT"
+        return None
+    if not overwrite:
+        return f"{out} exists; pass --overwrite to replace it"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{out} exists and is not a regular file, so --overwrite will not replace it; remove it yourself or pass another OUT"
+    return None
 
 
 def run_to_torch(args: argparse.Namespace) -> int:
     import torch
 
     out = Path(args.out)
-    if out.exists() and not args.overwrite:
-        return _error(f"{out} exists; pass --overwrite to replace it")
-    if not args.from_zarr and _is_zarr_checkpoint(args.src):
-        return _error(f"{args.src} is a zarr checkpoint, not a state directory; pass --from-zarr to convert it")
-    if args.from_zarr and not _is_zarr_checkpoint(args.src) and (Path(args.src) / "manifest.json").is_file():
-        return _error(f"{args.src} is a state directory, not a zarr checkpoint; drop --from-zarr to convert it")
+    problem = _check_output(out, args.overwrite)
+    if problem:
+        return _usage(problem)
+    try:
+        kind = input_kind(args.src, "to-torch")
+    except ConfigError as exc:
+        return _usage(str(exc))
+    if not args.from_zarr and kind == "checkpoint":
+        return _usage(f"{args.src} is a zarr checkpoint, not a state directory; pass --from-zarr to convert it")
+    if args.from_zarr and kind == "state_dir":
+        return _usage(f"{args.src} is a state directory, not a zarr checkpoint; drop --from-zarr to convert it")
     state_dict = checkpoint_to_state_dict(args.src) if args.from_zarr else statedir_to_state_dict(args.src)
-    tmp = out.with_name(f".{out.name}.partial")
-    torch.save(state_dict, tmp)
-    os.replace(tmp, out)
+    try:
+        write_output_file(out, lambda f: torch.save(state_dict, f), overwrite=args.overwrite)
+    except CheckpointExistsError as exc:
+        return _usage(_flag_text(exc))
     print(f"wrote {out}: {len(state_dict['state'])} parameter states, {len(state_dict['param_groups'])} param groups")
     return EXIT_OK

@@ -1022,8 +1022,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.epilog = (
         "Exit status: 0 for any plan, whatever its verdict ('fits in host RAM', 'needs the disk tier', "
-        f"'does not fit'); {EXIT_DOES_NOT_FIT} for 'does not fit' with --fail-if-not-fit; 1 for invalid input "
-        "(the error says which); 2 for unknown options."
+        f"'does not fit'); {EXIT_DOES_NOT_FIT} for 'does not fit' with --fail-if-not-fit; 2 for a usage error "
+        "(unknown options, invalid values, a --model or --io-json that cannot be read: the error says which); "
+        "1 for other failures."
     )
 
 
