@@ -47,10 +47,13 @@ from .spec import check_param_kinds
 from .startup import start
 from .torch_format import (
     GROUP_DEFAULTS,
+    OWN_STATE_KEYS,
     check_same_params,
     empty_state_dict,
+    extra_state,
     flat_sources,
     incoming_state,
+    load_extra_state,
     packed_groups,
     param_steps,
 )
@@ -409,13 +412,21 @@ class TieredAdamW(torch.optim.Optimizer):
         for pre_hook in self._optimizer_state_dict_pre_hooks.values():
             pre_hook(self)
         layout = self._layout
-        result, flats = empty_state_dict(layout, self.param_steps(), packed_groups(self.param_groups, self._params))
+        groups, keys = packed_groups(self.param_groups, self._params)  # as torch numbers them
+        result, flats = empty_state_dict(layout, self.param_steps(), groups, keys=keys)
         if flats:
             self.visit_shards(lambda shard, flat: layout.copy_out(shard, flat, flats), layout.shards_of(flats))
-        for i, entry in result["state"].items():
-            for key in entry:
-                if key != "step":
-                    entry[key] = placed_like(entry[key], self._params[i])
+        for i, key in keys.items():
+            for field in result["state"].get(key, ()):
+                if field != "step":
+                    result["state"][key][field] = placed_like(result["state"][key][field], self._params[i])
+        # What a user or a scheduler keeps in optimizer.state besides tierstore's own keys travels
+        # as torch's state_dict carries it: extra keys of a parameter's entry, and keys that are
+        # not parameters.
+        per_param, others = extra_state(self.state, self._params, keys)
+        for key, extras in per_param.items():
+            result["state"].setdefault(key, {}).update(extras)
+        result["state"].update(others)
         for post_hook in self._optimizer_state_dict_post_hooks.values():
             hook_result = post_hook(self, result)
             if hook_result is not None:
@@ -440,18 +451,21 @@ class TieredAdamW(torch.optim.Optimizer):
             if hook_result is not None:
                 state_dict = hook_result
         layout = self._layout
-        incoming = incoming_state(state_dict, self.param_groups, layout)
+        incoming, others = incoming_state(state_dict, self.param_groups, layout)
         sources = flat_sources(incoming, layout)
         steps = {i: float(e["step"]) for i, e in incoming.items() if "step" in e}
+        extras = {i: {k: v for k, v in e.items() if k not in OWN_STATE_KEYS} for i, e in incoming.items()}
         # Note: torch state dicts carry no global step count; the most advanced
         # parameter's step is the number of steps taken (what step_count reports).
-        self.replace_shards(
+        self._replace(
             lambda shard, flat: layout.copy_in(shard, flat, sources),
             param_steps=steps,
             groups=[{k: v for k, v in g.items() if k != "params"} for g in state_dict["param_groups"]],
             masters_given={i for i, src in sources.items() if "master" in src},
             step_count=int(max(steps.values(), default=0)),
+            groups_like_torch=True,
         )
+        load_extra_state(self.state, self._params, {i: e for i, e in extras.items() if e}, others)
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
 
@@ -502,11 +516,28 @@ class TieredAdamW(torch.optim.Optimizer):
         parameters not in ``masters_given`` are seeded from the parameters;
         ``param_steps``, ``groups`` and ``step_count`` replace the bookkeeping.
         """
+        self._replace(fill, param_steps=param_steps, groups=groups, masters_given=masters_given,
+                      step_count=step_count, stored=stored)  # fmt: skip
+
+    def _replace(
+        self,
+        fill: ShardVisit,
+        *,
+        param_steps: dict[int, float],
+        groups: list[dict[str, Any]] | None,
+        masters_given: set[int] | None,
+        step_count: int | None,
+        stored: bool = False,
+        groups_like_torch: bool = False,
+    ) -> None:
+        """:meth:`replace_shards`; ``groups_like_torch``: groups become the given ones, as torch's
+        ``load_state_dict`` makes them (:func:`~tierstore.torch_format.restore_groups`)."""
         rt = self._runtime()
         given = masters_given or set()
         rt.replace(self._layout, fill, sync=master_sync(self._layout, self._params, to_params=given.__contains__),
                    param_steps=param_steps, groups=groups or [], step_count=step_count,
-                   encode_threads=None if stored else self._knobs.codec_threads(streaming=False, behind=False))  # fmt: skip
+                   encode_threads=None if stored else self._knobs.codec_threads(streaming=False, behind=False),
+                   groups_like_torch=groups_like_torch)  # fmt: skip
 
     # -- adapters -------------------------------------------------------
     @classmethod

@@ -291,6 +291,7 @@ class Runtime:
         groups: Sequence[dict[str, Any]],
         step_count: int | None,
         encode_threads: int | None,
+        groups_like_torch: bool = False,
     ) -> None:
         """Overwrite every shard with ``fill``, then ``sync`` it (masters), replace the step bookkeeping, commit.
 
@@ -313,7 +314,7 @@ class Runtime:
                 self.step_count = int(step_count)
             self.pipeline.run(range(len(layout.shards)), fill_and_sync, read=False)
             reset_param_steps(self._state, self._params, param_steps)
-            restore_groups(self._param_groups, groups)
+            restore_groups(self._param_groups, groups, like_torch=groups_like_torch)
             self.commit()
 
     def describe(self, layout: Layout, plan: TierPlan) -> str:
