@@ -1362,8 +1362,14 @@ def load_checkpoint(opt: ShardAccess, path: str | os.PathLike) -> None:
     flags). Master weights in the checkpoint are ignored by an optimizer
     that keeps none (fp32 CPU parameters without ``keep_master``), as
     ``load_state_dict`` does; an optimizer that keeps them seeds them from
-    its parameters when the checkpoint has none. A missing
-    ``max_exp_avg_sq`` loads as zeros. The checkpoint's ``moment_dtype`` may
+    its parameters when the checkpoint has none. A checkpoint always holds
+    ``exp_avg`` and ``exp_avg_sq`` (one that lacks either is refused, never
+    read as zeros). One saved without amsgrad loads into an optimizer built
+    with ``amsgrad=True`` as torch loads it: the saved groups are restored
+    (``amsgrad=False``), so ``max_exp_avg_sq`` is not used; it is set to
+    zeros, its initial value, should a group switch amsgrad on again (where
+    torch's AdamW would fail at the next step for want of it). A checkpoint
+    whose groups use amsgrad must hold ``max_exp_avg_sq``. The checkpoint's ``moment_dtype`` may
     differ from the optimizer's: the moments are decoded and encoded (with
     the same format and flat space, the stored bytes are copied, bit for
     bit). This is how a state directory changes format (``docs/formats.md``).
@@ -1399,6 +1405,12 @@ def load_checkpoint(opt: ShardAccess, path: str | os.PathLike) -> None:
     if "master" in ck.arrays and "master" not in layout.fields:
         log.info("%s holds master weights; this optimizer keeps none (fp32 parameters), so they are not loaded", ck.path)
 
+    # Only these may be absent (the checkpoint's own arrays are exactly its layout's fields, exp_avg
+    # and exp_avg_sq always among them): the master is seeded from the parameters, max_exp_avg_sq
+    # starts at zeros as torch would start it, and is unused under the restored groups.
+    absent = [f for f in layout.fields if f not in ck.arrays]
+    if not set(absent) <= {"master", "max_exp_avg_sq"}:  # pragma: no cover - _Checkpoint refuses these
+        raise CorruptStateError(f"checkpoint {ck.path} lacks {absent}; write it again")
     same_space = all(p.start == saved["start"] for p, saved in zip(layout.params, ck.params) if p.trainable)
     copy_stored = same_space and ck.format == layout.format
 
@@ -1562,6 +1574,12 @@ def state_dict_to_checkpoint(
     entries: list[dict[str, Any]] = [{} for _ in range(n)]
     for pid, entry in state_dict["state"].items():
         entries[position[pid]] = entry
+    amsgrad_of = [bool(g.get("amsgrad", False)) for ids, g in zip(groups, state_dict["param_groups"]) for _ in ids]
+    for i, entry in enumerate(entries):
+        _check_torch_entry(i, entry, amsgrad=amsgrad_of[i])
+    for gi, group in enumerate(state_dict["param_groups"]):
+        # The reader refuses hyperparameters torch's AdamW refuses: so does the writer.
+        check_hyper(group.get("lr"), group.get("betas"), group.get("eps"), group.get("weight_decay"), f" in param group {gi}")
     fields = fields_for(
         amsgrad=any("max_exp_avg_sq" in e for e in entries), master=any(MASTER_KEY in e for e in entries)
     )
@@ -1572,9 +1590,6 @@ def state_dict_to_checkpoint(
         for pid in ids:
             i = position[pid]
             entry = entries[i]
-            missing = [k for k in ("exp_avg", "exp_avg_sq") if entry and k not in entry]
-            if missing:
-                raise ConfigError(f"the state of parameter {i} lacks {missing}; is this an AdamW state dict?")
             if given is not None:
                 p = given[i]
                 stand_in = torch.empty(p.shape, dtype=p.dtype, device="meta").requires_grad_(bool(p.requires_grad) and p.is_floating_point())
@@ -1617,6 +1632,52 @@ def state_dict_to_checkpoint(
             layout.copy_in(shard, flat, sources)
             for field, t in layout.field_views(flat, shard).items():
                 writer.write(shard, field, t)
+
+
+def _check_torch_entry(i: int, entry: Any, *, amsgrad: bool) -> None:
+    """Refuse a torch AdamW state entry that is not complete: a missing moment is never written as zeros.
+
+    As in torch, an entry has ``step``, ``exp_avg`` and ``exp_avg_sq``, and
+    ``max_exp_avg_sq`` when its group uses amsgrad (torch's AdamW fails at
+    its next step without it); every tensor has the same number of elements.
+
+    Raises
+    ------
+    ConfigError
+        Naming the parameter, the key and the fix.
+    """
+    if not isinstance(entry, dict):
+        raise ConfigError(f"the state of parameter {i} is {type(entry).__name__}, not a dict; pass optimizer.state_dict()")
+    if not entry:
+        return
+    required = ["step", "exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if amsgrad else [])
+    missing = [k for k in required if k not in entry]
+    if missing:
+        raise ConfigError(
+            f"the state of parameter {i} lacks {missing}"
+            + (" (its param group uses amsgrad)" if "max_exp_avg_sq" in missing else "")
+            + "; a missing tensor is never written as zeros. Pass the complete state dict of a torch.optim.AdamW"
+        )
+    step = entry["step"]
+    try:
+        value = float(step)
+    except (TypeError, ValueError, RuntimeError):
+        value = math.nan
+    if isinstance(step, bool) or not (math.isfinite(value) and 0 <= value <= MAX_STEP and value.is_integer()):
+        raise ConfigError(f"the step of parameter {i} is {step!r}; a step is a whole number >= 0 (as torch's AdamW counts)")
+    numel = None
+    for key in STATE_KEY_OF_FIELD.values():
+        if key not in entry:
+            continue
+        tensor = entry[key]
+        if not isinstance(tensor, torch.Tensor):
+            raise ConfigError(f"the {key} of parameter {i} is {type(tensor).__name__}, not a tensor; pass optimizer.state_dict()")
+        if numel is not None and tensor.numel() != numel:
+            raise ConfigError(
+                f"the {key} of parameter {i} has {tensor.numel()} elements, its exp_avg {numel}; every tensor of a "
+                "parameter's state has the parameter's size"
+            )
+        numel = tensor.numel() if numel is None else numel
 
 
 def verify_checkpoint(path: str | os.PathLike, *, progress: Callable[[int], object] | None = None) -> list[str]:
