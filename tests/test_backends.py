@@ -137,7 +137,7 @@ def test_auto_falls_back_to_mmap_when_o_direct_is_refused(
 def test_auto_falls_back_when_the_probe_says_no(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("tierstore.backends.supports_direct_io", lambda directory: False)
+    monkeypatch.setattr("tierstore.backends.supports_direct_io", lambda directory, **kw: False)
     with caplog.at_level(logging.INFO, logger="tierstore"):
         assert resolve_backend("auto", tmp_path) == "mmap"
     assert any("mmap" in r.getMessage() for r in caplog.records)

@@ -55,7 +55,10 @@ def assert_untouched(before: dict, after: dict) -> None:
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
-    """A directory with a user's file and a finished run's state beside the test's state_dir."""
+    """A directory with a user's file and a finished run's state beside the test's (empty) state_dir.
+
+    (A state_dir holding a user's file is refused: tests/test_hostile_statedir.py.)
+    """
     (tmp_path / "notes.txt").write_text("not tierstore's\n")
     ps = params(seed=1)
     with build(ps, state_dir=tmp_path / "old-run", ram_budget=SMALL_BUDGET) as opt:
@@ -63,7 +66,6 @@ def workdir(tmp_path: Path) -> Path:
             p.grad = torch.ones_like(p)
         opt.step()
     (tmp_path / "state").mkdir()
-    (tmp_path / "state" / "README").write_text("my state goes here\n")
     return tmp_path
 
 

@@ -223,22 +223,22 @@ def test_non_durable_power_cut_images_resume_only_after_a_clean_close(ram_tmp_pa
 # -- the harness fails on broken durability ---------------------------------------------------
 
 
-def _manifest_without_file_fsync(path: Path, payload: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def _manifest_without_file_fsync(path: Path, payload: bytes, *, dir_fd: int) -> None:
+    tmp = f".{path.name}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd)
     os.write(fd, payload)
     os.close(fd)
-    os.replace(tmp, path)
-    statedir.fsync_dir(path.parent)
+    os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    os.fsync(dir_fd)
 
 
-def _manifest_without_dir_fsync(path: Path, payload: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def _manifest_without_dir_fsync(path: Path, payload: bytes, *, dir_fd: int) -> None:
+    tmp = f".{path.name}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd)
     os.write(fd, payload)
     os.fsync(fd)
     os.close(fd)
-    os.replace(tmp, path)
+    os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
 BREAKAGES = {

@@ -49,6 +49,14 @@ class StateExistsError(StateDirError):
     """The state directory already holds tierstore state and ``resume`` was not asked for."""
 
 
+class NoStateError(StateDirError, FileNotFoundError):
+    """``resume=True`` asked for committed state where there is none (a missing or empty directory)."""
+
+
+class NotStateDirError(StateDirError):
+    """The directory holds files tierstore did not write: it is not a tierstore state directory."""
+
+
 class LayoutMismatchError(TierstoreError, ValueError):
     """Saved state belongs to another model (its layout fingerprint differs)."""
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -56,10 +57,10 @@ import torch
 from . import distributed
 from . import manifest as manifest_mod
 from .commit_policy import CommitClock, CommitPolicy, due
-from .errors import ConfigError, CorruptStateError, StateExistsError
+from .errors import ConfigError, ConfigTypeError, CorruptStateError, NoStateError, StateExistsError
 from .faults import crash_point
 from .layout import Layout
-from .statedir import MANIFEST, StateDir
+from .statedir import MANIFEST, StateDir, state_dir_path
 from .store import ShardStore, ShardTransfer
 
 log = logging.getLogger(__name__)
@@ -135,28 +136,34 @@ class Journal:
 
     # -- resume point -------------------------------------------------
     @staticmethod
-    def check_arguments(state_dir: str | None, *, durable: bool | None, resume: bool) -> None:
-        """Refuse durability or a resume without a directory to keep or find the state in.
+    def check_arguments(state_dir: Any, *, durable: bool | None, resume: Any) -> None:
+        """Refuse a ``state_dir`` that is not a path, a ``resume`` that is not ``False``/``True``/``"auto"``,
+        and durability or a resume without a directory to keep or find the state in.
 
         Raises
         ------
+        ConfigTypeError
+            ``state_dir`` is not a ``str``/``os.PathLike`` (``42``, a list, ``bytes``), or
+            ``resume`` is not a bool or ``"auto"``.
         ConfigError
-            Naming the missing ``state_dir``.
+            ``state_dir=""``, or the missing ``state_dir`` named.
         """
+        state_dir_path(state_dir)
+        resume_mode(resume)
         if durable and state_dir is None:
             raise ConfigError(
                 "durable=True needs a state_dir to keep the committed state in; pass "
                 "state_dir=... (or leave durable=None)"
             )
-        if resume and state_dir is None:
+        if resume is True and state_dir is None:
             raise ConfigError("resume=True needs the state_dir to resume from; pass state_dir=...")
 
     @classmethod
     def open(
         cls,
-        state_dir: str | None,
+        state_dir: str | os.PathLike | None,
         *,
-        resume: bool,
+        resume: bool | str,
         resume_step: int | None,
         durable: bool | None,
         policy: CommitPolicy | None = None,
@@ -164,23 +171,35 @@ class Journal:
         """Lock ``state_dir`` (this rank's, under torch.distributed) and find the resume point.
 
         ``durable=None`` means durable exactly when there is a ``state_dir``.
+        ``resume``: ``False`` (the directory must hold no state), ``True`` (it
+        must hold a committed state), ``"auto"`` (resume the committed state
+        when there is one, else start fresh).
 
         Raises
         ------
-        StateDirError, StateDirInUseError
-            The directory cannot be used, or another open optimizer holds it.
+        StateDirError, StateDirInUseError, NotStateDirError
+            The directory cannot be used, another open optimizer holds it, or it
+            holds files that are not tierstore's.
         StateExistsError
             It holds state and ``resume`` is false.
+        NoStateError
+            ``resume=True`` and it is missing or holds no committed state.
         CorruptStateError
             It was written with ``durable=False`` by a run that did not close cleanly,
-            or ``resume_step`` is not one it holds.
+            its manifest is damaged, or ``resume_step`` is not one it holds.
         """
-        durable = (state_dir is not None) if durable is None else bool(durable)
-        if state_dir is None:
+        mode = resume_mode(resume)
+        path = state_dir_path(state_dir)
+        durable = (path is not None) if durable is None else bool(durable)
+        if path is None:
             return cls(None, durable=durable, policy=policy)
-        statedir = StateDir(distributed.rank_state_dir(state_dir)).open()
+        where = distributed.rank_state_dir(os.fspath(path))
+        _, world = distributed.rank_and_world()
+        # One process: a missing directory is not created just to say it holds nothing. Under
+        # torch.distributed every rank opens its own first, so that all ranks decide together.
+        statedir = StateDir(where).open(create=not (mode is True and world == 1))
         try:
-            saved = _resume_point(statedir, resume, resume_step)
+            saved = _resume_point(statedir, mode, resume_step)
         except BaseException:
             statedir.close(discard=True)
             raise
@@ -195,6 +214,11 @@ class Journal:
     @property
     def directory(self) -> Path | None:
         return self.statedir.path if self.statedir is not None else None
+
+    @property
+    def dir_fd(self) -> int | None:
+        """The open state directory's descriptor (files inside are opened relative to it)."""
+        return self.statedir.fd if self.statedir is not None else None
 
     @property
     def persistent(self) -> bool:
@@ -433,16 +457,51 @@ class Journal:
             statedir.close(discard=discard)
 
 
-def _resume_point(statedir: StateDir, resume: bool, resume_step: int | None) -> dict | None:
+def resume_mode(resume: Any) -> bool | str:
+    """``resume`` checked: ``False``, ``True`` or ``"auto"``.
+
+    Raises
+    ------
+    ConfigTypeError
+        For anything else, naming the value.
+
+    Example
+    -------
+    >>> resume_mode("auto"), resume_mode(False)
+    ('auto', False)
+    """
+    if resume is True or resume is False or resume == "auto" and isinstance(resume, str):
+        return resume
+    raise ConfigTypeError(
+        f"resume={resume!r} must be False (start fresh), True (continue the committed state in "
+        "state_dir) or 'auto' (continue it when there is one, else start fresh)"
+    )
+
+
+def _resume_point(statedir: StateDir, resume: bool | str, resume_step: int | None) -> dict | None:
     """The manifest to resume from (``None``: start fresh), after the checks."""
     where = str(statedir.path)
     _, world = distributed.rank_and_world()
-    if resume and resume_step is None and world > 1:
+    agreed = None
+    if resume and world > 1:
         # Every rank resumes at the same step; the ranks ahead roll back one.
         mine = None
-        if statedir.file(MANIFEST).exists():
+        if statedir.exists(MANIFEST):
             mine = manifest_mod.committed_steps(statedir.read_manifest())
-        resume_step = distributed.agree_on_step(mine)
+        agreed = distributed.agree_on_step(mine)
+        if resume_step is None:
+            resume_step = agreed
+    has_manifest = statedir.exists(MANIFEST)
+    if not has_manifest and resume is True and (world == 1 or agreed is None):
+        # (Under torch.distributed a rank without state joins the others' resume from a fresh
+        # start; only when no rank has any does resume=True fail, on every rank alike.)
+        leftovers = statedir.holds_state()
+        raise NoStateError(
+            f"state_dir={where!r} holds no committed state to resume"
+            + (" (only state files of a run that died before its first commit)" if leftovers else " (it is empty)")
+            + ". Pass the state_dir of an earlier run, resume='auto' to start fresh when there is "
+            "nothing to resume, or resume=False"
+        )
     if not statedir.holds_state():
         return None
     if not resume:
@@ -451,7 +510,7 @@ def _resume_point(statedir: StateDir, resume: bool, resume_step: int | None) -> 
             "resume=True to continue it, or choose an empty state_dir (delete the old one if "
             "you no longer need it)"
         )
-    if not statedir.file(MANIFEST).exists():
+    if not has_manifest:
         log.warning("%s holds state files but no manifest (a run died while starting); starting fresh", where)
         return None
     saved = manifest_mod.at_step(statedir.read_manifest(), resume_step, where)

@@ -37,7 +37,7 @@ from torch import Tensor
 from .budget import TierPlan, plan_tiers
 from .codecs import MomentFormat
 from .dtensor import local_tensor
-from .errors import BudgetError
+from .errors import BudgetError, CorruptStateError
 from .journal import Journal
 from .knobs import Knobs
 from .layout import Layout, ShardSpec
@@ -97,6 +97,7 @@ def start(
             layout,
             plan,
             directory=journal.directory,
+            dir_fd=journal.dir_fd,
             backend=knobs.backend,
             io_workers=knobs.io_workers,
             request_bytes=knobs.request_bytes,
@@ -202,6 +203,15 @@ def _resume(
 ) -> None:
     """Open the committed state and restore the bookkeeping (and the parameters from masters)."""
     saved = runtime.journal.saved
+    where = runtime.journal.directory
+    # (The manifest's fields were checked when it was read: tierstore.manifest.validate.)
+    if len(saved["param_groups"]) != len(param_groups) or len(saved["param_steps"]) != len(params):
+        raise CorruptStateError(
+            f"the manifest in {where} records {len(saved['param_groups'])} param groups and "
+            f"{len(saved['param_steps'])} parameter steps, this optimizer has {len(param_groups)} and "
+            f"{len(params)}; pass the param groups of the run that wrote it, or restore the state "
+            "directory from a checkpoint"
+        )
     runtime.store.open(committed=saved["shards"])
     runtime.step_count = int(saved["step_count"])
     for group, stored in zip(param_groups, saved["param_groups"]):

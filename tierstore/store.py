@@ -23,7 +23,17 @@ RAM until :meth:`flush_resident`.
 
 Integrity. Every write computes the extent's checksum on the I/O workers;
 every read recomputes it and compares with the committed one before the
-bytes are used.
+bytes are used. A shard with no committed checksum is never read: its bytes
+would be unverified.
+
+Threads. A step (the training loop's thread, or the thread a step runs on
+behind the loop), the commit thread and the I/O workers share the
+:class:`ShardEntry` records; the rule for each field is written where the
+fields are declared.
+
+Files are opened relative to the state directory's descriptor, never through
+a symbolic link, and only if they are regular files
+(:func:`~tierstore.backends.base.open_regular`).
 
 Example
 -------
@@ -42,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +61,7 @@ from pathlib import Path
 import torch
 
 from .backends import ShardFile, open_backend, resolve_backend
+from .backends.base import O_CLOEXEC
 from .budget import TierPlan
 from .errors import ClosedError, ConfigError, CorruptStateError
 from .faults import crash_point
@@ -66,22 +78,45 @@ MIN_PIN_SLACK = 3 * 4096  # each of the three buffers is rounded up to whole pag
 
 @dataclass(slots=True)
 class ShardEntry:
-    """One shard: its tier, its extent in the state files, and its committed copy."""
+    """One shard: its tier, its extent in the state files, and its committed copy.
+
+    Who may touch which field (the threads: the *step side*, i.e. whichever
+    thread runs the step or a whole-state visit, one at a time, handed over
+    by the overlap's synchronisation; the *commit thread* of
+    :class:`~tierstore.journal.Journal`; the I/O workers, which never touch
+    an entry):
+
+    - ``index``, ``tier``, ``nbytes``, ``offset``: fixed when the store is
+      built; any thread reads them.
+    - ``copy``, ``checksum``, ``written_step``, ``stale_checksum`` (the
+      committed record) and ``pending`` (the newest write since the last
+      commit): *the books*, shared by the step side (reads pick the newest
+      copy, writes pick the uncommitted one, a failed change forgets
+      ``pending``) and the commit thread (it adopts ``pending`` and records
+      the books in the manifest). Every read and write of them holds
+      :attr:`ShardStore.books` (:meth:`ShardStore.books_of` reads them
+      together, so no thread ever sees a copy with another copy's checksum).
+    - ``dirty``, ``persist``: resident shards' write bookkeeping, owned by the
+      step side (a step claims a shard, a commit's start writes it); the
+      commit thread only waits for the transfers it was handed and never
+      reads or writes these fields (checked: :meth:`ShardStore.claim_resident`
+      and :meth:`ShardStore.persist_resident` refuse the commit thread).
+    """
 
     index: int
     tier: str  # "ram" or "disk"
     nbytes: int
     offset: int  # byte offset of the extent in every state file
-    copy: int = 0  # the file holding the committed bytes
-    checksum: str | None = None  # checksum of the committed bytes (None: nothing committed)
-    written_step: int = -1  # the step_count whose commit wrote the committed bytes
-    stale_checksum: str | None = None  # checksum of the other copy (the previous commit), if intact
-    pending: tuple[int, str] | None = None  # (copy, checksum) written since the last commit: the newest bytes
-    dirty: bool = False  # resident: changed since its bytes were last written
-    persist: ShardTransfer | None = None  # resident: its write for a commit, while in flight
+    copy: int = 0  # books: the file holding the committed bytes
+    checksum: str | None = None  # books: checksum of the committed bytes (None: nothing committed)
+    written_step: int = -1  # books: the step_count whose commit wrote the committed bytes
+    stale_checksum: str | None = None  # books: checksum of the other copy (the previous commit), if intact
+    pending: tuple[int, str] | None = None  # books: (copy, checksum) written since the last commit: the newest bytes
+    dirty: bool = False  # step side: resident, changed since its bytes were last written
+    persist: ShardTransfer | None = None  # step side: resident, its write for a commit (done or in flight)
 
     def record(self) -> dict:
-        """What the manifest keeps of this shard."""
+        """What the manifest keeps of this shard (call with the store's books lock held)."""
         return {
             "copy": self.copy,
             "checksum": self.checksum,
@@ -146,6 +181,10 @@ class ShardStore:
         Pin host memory for CUDA copies; ``None`` pins when CUDA is available.
     durable
         Keep two copies of every shard on disk and commit steps atomically.
+    dir_fd
+        The state directory's open descriptor (:attr:`StateDir.fd
+        <tierstore.statedir.StateDir.fd>`): files are opened relative to it.
+        ``None``: the store opens ``directory`` itself when it needs files.
     """
 
     def __init__(
@@ -154,6 +193,7 @@ class ShardStore:
         plan: TierPlan,
         *,
         directory: Path | str | None,
+        dir_fd: int | None = None,
         backend: str = "auto",
         io_workers: int = 8,
         request_bytes: int = 1 << 20,
@@ -170,6 +210,11 @@ class ShardStore:
         # Pinned memory cannot be paged out: never pin more than the plan's RAM (the budget).
         self.pins = PinBudget(plan.ram_nbytes + MIN_PIN_SLACK)
         self.durable = durable
+        self._given_dir_fd = dir_fd
+        self._dir_fd: int | None = None  # the store's own descriptor of ``directory`` (none given), while open
+        #: Guards every entry's books (see :class:`ShardEntry`): the step side and the commit thread share them.
+        self.books = threading.Lock()
+        self._commit_thread: int | None = None  # the thread that adopts commits (persist=False), once one did
         resident = set(plan.resident)
         self.entries: list[ShardEntry] = []
         self._resident_offset: dict[int, int] = {}
@@ -237,38 +282,82 @@ class ShardStore:
             # Decode scratch never crosses to a GPU: not pinned.
             self._scratch = HostBuffer(self.plan.scratch_nbytes, pin=False)
             if committed is not None:
-                if len(committed) != len(self.entries):
-                    raise CorruptStateError(
-                        f"the manifest lists {len(committed)} shards, the layout has {len(self.entries)}"
-                    )
-                for entry, rec in zip(self.entries, committed):
-                    entry.copy = int(rec["copy"])
-                    entry.checksum = rec["checksum"]
-                    entry.written_step = int(rec.get("written_step", -1))
-                    entry.stale_checksum = rec.get("stale_checksum")
+                self._adopt_records(committed)
             if self.persists_anything or committed is not None:
                 self._open_files(resume=committed is not None)
             self.is_open = True
             if committed is not None:
                 self._load_resident()
         except BaseException:
+            created, self._created = self._created, []
+            if created:  # a failed start leaves no half-made files behind
+                dir_fd = self._directory_fd()
+                for path in created:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path.name, dir_fd=dir_fd)
             self.close()
-            for path in self._created:  # a failed start leaves no half-made files behind
-                path.unlink(missing_ok=True)
             raise
         return self
+
+    def _adopt_records(self, committed: list[dict]) -> None:
+        """Take the committed books of every shard from a manifest (checked by :func:`tierstore.manifest.validate`)."""
+        where = self.directory if self.directory is not None else "the state directory"
+        if len(committed) != len(self.entries):
+            raise CorruptStateError(
+                f"the manifest in {where} lists {len(committed)} shards, the layout has {len(self.entries)}; "
+                "restore the state directory from a checkpoint"
+            )
+        with self.books:
+            for entry, rec in zip(self.entries, committed):
+                if rec.get("checksum") is None:
+                    # A resume must never hand out bytes no checksum vouches for.
+                    raise CorruptStateError(
+                        f"the manifest in {where} commits shard {entry.index} without a checksum "
+                        f"(shards[{entry.index}].checksum is null): its bytes cannot be verified. Restore "
+                        "the state directory from a checkpoint"
+                    )
+                entry.copy = int(rec["copy"])
+                entry.checksum = rec["checksum"]
+                entry.written_step = int(rec.get("written_step", -1))
+                entry.stale_checksum = rec.get("stale_checksum")
+
+    def _directory_fd(self) -> int:
+        """The directory's descriptor: the one the store was given, else one it opened (and closes)."""
+        if self._given_dir_fd is not None:
+            # Borrowed: the StateDir that owns it is closed only after this store (Runtime.release).
+            return self._given_dir_fd
+        if self._dir_fd is None:
+            try:
+                self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | O_CLOEXEC)
+            except OSError as exc:
+                raise CorruptStateError(
+                    f"cannot open the state directory {self.directory}: {exc.strerror}; pass an "
+                    "existing directory you can read and write"
+                ) from exc
+        return self._dir_fd
+
+    def _exists(self, name: str) -> bool:
+        try:
+            os.stat(name, dir_fd=self._directory_fd(), follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
 
     def _open_files(self, *, resume: bool) -> None:
         if self.directory is None:
             raise ConfigError("a store with state on disk needs a directory")
-        self.backend_name = resolve_backend(self.backend_name, self.directory)
-        used_copies = {e.copy for e in self.entries if e.checksum is not None}
+        dir_fd = self._directory_fd()
+        self.backend_name = resolve_backend(self.backend_name, self.directory, dir_fd=dir_fd)
+        with self.books:
+            used_copies = {e.copy for e in self.entries if e.checksum is not None}
         for c in range(max(self.copies, max(used_copies, default=0) + 1)):
             path = self.directory / STATE_FILES[c]
             must_exist = resume and c in used_copies
-            if not path.exists():
+            if not self._exists(path.name):
                 self._created.append(path)
-            self.files.append(open_backend(self.backend_name, path, self.file_nbytes, create=not must_exist))
+            self.files.append(
+                open_backend(self.backend_name, path, self.file_nbytes, create=not must_exist, dir_fd=dir_fd)
+            )
         for entry in self.entries:
             if self.persisted(entry.index) or not self.persists_anything:
                 for f in self.files[: self.copies]:
@@ -292,6 +381,9 @@ class ShardStore:
         for f in self.files:
             f.close()
         self.files = []
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
         for name in ("_resident", "_arena", "_staging", "_scratch"):
             buf = getattr(self, name)
             if buf is not None:
@@ -363,18 +455,30 @@ class ShardStore:
         assert self.directory is not None
         return self.directory / STATE_FILES[copy]
 
+    def books_of(self, index: int) -> tuple[int, str | None, tuple[int, str] | None]:
+        """Shard ``index``'s committed copy, its checksum and its pending write, read together."""
+        entry = self.entries[index]
+        with self.books:
+            return entry.copy, entry.checksum, entry.pending
+
     def _read_into(self, entry: ShardEntry, view: memoryview) -> ShardTransfer:
         assert self.io is not None
         digests = BlockDigests(entry.nbytes)
         # The newest bytes: the copy written since the last commit, else the committed one.
-        pending = entry.pending  # read once: a commit thread may adopt it meanwhile
-        copy, expected = pending if pending is not None else (entry.copy, entry.checksum)
+        committed, checksum, pending = self.books_of(entry.index)
+        copy, expected = pending if pending is not None else (committed, checksum)
+        if expected is None:
+            # Nothing was ever written or committed here: the bytes would be unverified.
+            raise CorruptStateError(
+                f"shard {entry.index} has no verified bytes in {self.file_path(copy)} (never written, "
+                "nothing committed); restore the state directory from a checkpoint"
+            )
         transfer = self.io.read(self.files[copy], view, entry.offset, on_chunk=digests.update)
 
         def verify() -> None:
             crash_point("after-read")
             got = digests.value()
-            if expected is not None and got != expected:
+            if got != expected:
                 raise checksum_mismatch(entry.index, self.file_path(copy), entry.offset, entry.nbytes, expected, got)
 
         return ShardTransfer(transfer, verify)
@@ -382,14 +486,17 @@ class ShardStore:
     def _write_from(self, entry: ShardEntry, view: memoryview) -> ShardTransfer:
         assert self.io is not None
         digests = BlockDigests(entry.nbytes)
+        committed, checksum, _ = self.books_of(entry.index)
         # Durable: never overwrite the committed copy. Fresh shards start in copy 0.
-        copy = 1 - entry.copy if (self.durable and entry.checksum is not None) else entry.copy
+        copy = 1 - committed if (self.durable and checksum is not None) else committed
         with self._dirty_lock:
             self._dirty_copies.add(copy)
         transfer = self.io.write(self.files[copy], view, entry.offset, on_chunk=digests.update)
 
-        def record() -> None:
-            entry.pending = (copy, digests.value())
+        def record() -> None:  # runs on whichever thread waits first (the step side or the commit thread)
+            value = (copy, digests.value())
+            with self.books:
+                entry.pending = value
 
         return ShardTransfer(transfer, record)
 
@@ -419,8 +526,9 @@ class ShardStore:
         """Resident shard ``index``'s buffer, about to be changed.
 
         Waits until a commit's write of its bytes finished (the write reads
-        the buffer), then marks it changed since its last write.
+        the buffer), then marks it changed since its last write. Step side only.
         """
+        self._step_side("claim_resident")
         entry = self.entries[index]
         persist = entry.persist
         if persist is not None:
@@ -434,9 +542,10 @@ class ShardStore:
 
         Returns the writes; :meth:`commit` makes them durable with the rest.
         Without durability resident shards reach the files only through
-        :meth:`flush_resident`, and this does nothing.
+        :meth:`flush_resident`, and this does nothing. Step side only.
         """
         self._require_open()
+        self._step_side("persist_resident")
         if not self.durable:
             return []
         transfers = []
@@ -447,9 +556,17 @@ class ShardStore:
                 transfers.append(entry.persist)
         return transfers
 
+    def _step_side(self, what: str) -> None:
+        """Refuse the commit thread a step side's method (see :class:`ShardEntry`)."""
+        if self._commit_thread == threading.get_ident():
+            raise RuntimeError(f"ShardStore.{what} called on the commit thread; this is a tierstore bug")
+
     def has_uncommitted(self) -> bool:
-        """True when some shard changed or was written since the last commit."""
-        return any(e.pending is not None or e.dirty or e.persist is not None for e in self.entries)
+        """True when some shard changed or was written since the last commit (step side)."""
+        with self.books:
+            if any(e.pending is not None for e in self.entries):
+                return True
+        return any(e.dirty or (e.persist is not None and not e.persist.done()) for e in self.entries)
 
     def commit(self, step: int, *, persist: bool = True, sync: bool | None = None) -> None:
         """Make every write since the last commit durable, then adopt it as committed.
@@ -461,15 +578,21 @@ class ShardStore:
         caller then writes the manifest naming them. Without durability the
         writes are adopted without a sync (nothing is promised after a crash),
         unless ``sync=True`` (a clean close, before its clean manifest).
+
+        ``persist=False`` is the commit thread's call: it touches only the
+        books (the caller waited for the resident writes it started).
         """
         self._require_open()
-        if self.durable and persist:
-            self.persist_resident()
-        for entry in self.entries:
-            transfer = entry.persist
-            if transfer is not None:
-                transfer.wait()
-                entry.persist = None
+        if not persist:
+            self._commit_thread = threading.get_ident()
+        if persist:  # the step side: its own resident writes, waited for and forgotten here
+            if self.durable:
+                self.persist_resident()
+            for entry in self.entries:
+                transfer = entry.persist
+                if transfer is not None:
+                    transfer.wait()
+                    entry.persist = None
         if self.durable if sync is None else sync:
             with self._dirty_lock:  # files written since the last sync, however many commits ago
                 dirty = sorted(self._dirty_copies)
@@ -478,23 +601,26 @@ class ShardStore:
                 self.files[copy].sync()
             with self._dirty_lock:  # forgotten only once synced: a failed sync is not "done"
                 self._dirty_copies.difference_update(dirty)
-        for entry in self.entries:
-            if entry.pending is not None:
-                copy, checksum = entry.pending
-                if copy != entry.copy:
-                    entry.stale_checksum = entry.checksum
-                entry.copy, entry.checksum = copy, checksum
-                entry.written_step = step
-                entry.pending = None
+        with self.books:
+            for entry in self.entries:
+                if entry.pending is not None:
+                    copy, checksum = entry.pending
+                    if copy != entry.copy:
+                        entry.stale_checksum = entry.checksum
+                    entry.copy, entry.checksum = copy, checksum
+                    entry.written_step = step
+                    entry.pending = None
 
     def abort(self) -> None:
-        """Forget writes since the last commit: the committed copies stay authoritative."""
+        """Forget writes since the last commit: the committed copies stay authoritative (step side)."""
         for entry in self.entries:
             if entry.persist is not None:
                 with contextlib.suppress(BaseException):  # already failing: the caller's error matters
                     entry.persist.wait()
                 entry.persist = None
-            entry.pending = None
+        with self.books:
+            for entry in self.entries:
+                entry.pending = None
 
     def flush_resident(self) -> None:
         """Write every resident shard to disk (a non-durable store's clean close)."""
@@ -506,8 +632,9 @@ class ShardStore:
             t.wait()
 
     def records(self) -> list[dict]:
-        """The committed per-shard records, for the manifest."""
-        return [e.record() for e in self.entries]
+        """The committed per-shard records, for the manifest (one consistent snapshot of the books)."""
+        with self.books:
+            return [e.record() for e in self.entries]
 
     # -- accounting ---------------------------------------------------
     @property

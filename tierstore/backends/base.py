@@ -23,12 +23,17 @@ Example
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import stat
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar
 
-from ..errors import BackendError, CorruptStateError, DiskFullError
+from ..errors import BackendError, CorruptStateError, DiskFullError, TierstoreError
+
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 class ShardFile(ABC):
@@ -45,6 +50,10 @@ class ShardFile(ABC):
         The file's size in bytes (a multiple of 4096).
     create
         Create and preallocate the file.
+    dir_fd
+        A descriptor of the directory holding the file: ``path.name`` is then
+        opened relative to it (the state directory's own descriptor, so a
+        renamed or replaced directory path cannot redirect the open).
     readonly
         Open an existing file for reading only (``tierstore verify`` and the
         other offline readers). Its size is not checked up front: a read past
@@ -56,7 +65,9 @@ class ShardFile(ABC):
     DiskFullError
         If the blocks cannot be allocated.
     CorruptStateError
-        If an existing file is shorter than ``nbytes`` or missing.
+        If an existing file is shorter than ``nbytes`` or missing, or is not
+        a regular file (a symlink, a FIFO, a device, a directory: never
+        followed or read).
     BackendError
         If the filesystem does not support this backend.
     """
@@ -64,12 +75,31 @@ class ShardFile(ABC):
     name: ClassVar[str] = "abstract"
     #: True when several requests in flight on this file overlap usefully.
     parallel: ClassVar[bool] = True
+    #: Flags added to the open (``O_DIRECT`` for the ``direct`` backend).
+    open_flags: ClassVar[int] = 0
 
-    def __init__(self, path: Path | str, nbytes: int, *, create: bool, readonly: bool = False) -> None:
+    def __init__(
+        self, path: Path | str, nbytes: int, *, create: bool, readonly: bool = False, dir_fd: int | None = None
+    ) -> None:
         self.path = Path(path)
         self.nbytes = int(nbytes)
         self.readonly = readonly
+        self.closed = True  # until the file is open: close() has nothing to release
+        # The base class owns the descriptor, so everything it does (allocate) works for
+        # every backend, whatever a subclass names its own attributes.
+        self.fd = open_fd(self.path, self.nbytes, create=create, flags=self.open_flags, readonly=readonly, dir_fd=dir_fd)
         self.closed = False
+
+    @property
+    def _fd(self) -> int:
+        """The descriptor under its earlier name (the power-cut recorder and old tests use it)."""
+        return self.fd
+
+    def _close_fd(self) -> None:
+        """Close the descriptor once (for subclasses' :meth:`close`)."""
+        if not self.closed:
+            self.closed = True
+            os.close(self.fd)
 
     @abstractmethod
     def read_into(self, buffer: memoryview, offset: int) -> None:
@@ -95,7 +125,7 @@ class ShardFile(ABC):
         DiskFullError
             If the drive has no room for them.
         """
-        preallocate(self._fd, self.path, offset, length)
+        preallocate(self.fd, self.path, offset, length)
 
     def __enter__(self) -> ShardFile:
         return self
@@ -112,20 +142,110 @@ class ShardFile(ABC):
             )
 
 
-def open_fd(path: Path, nbytes: int, *, create: bool, flags: int, readonly: bool = False) -> int:
-    """Open ``path`` with ``flags``; create and preallocate it when asked.
+def open_regular(
+    path: Path,
+    flags: int,
+    *,
+    dir_fd: int | None = None,
+    mode: int = 0o644,
+    what: str = "state file",
+    error: type[TierstoreError] = CorruptStateError,
+) -> int:
+    """Open a file of a state directory: never through a symlink, only a regular file.
 
+    With ``dir_fd`` the file's name (``path.name``) is opened relative to that
+    directory descriptor; otherwise ``path`` itself, still without following a
+    symlink at its last component. The open never blocks (``O_NONBLOCK``, so a
+    FIFO planted in a file's place is refused at once instead of hanging), and
+    ``fstat`` then says whether it is a regular file. ``FileNotFoundError`` is
+    raised as it is (callers say what a missing file means).
+
+    Raises
+    ------
+    error
+        (``CorruptStateError`` unless told) naming ``path``, what is there
+        instead of a regular file, and the fix.
+
+    Example
+    -------
+    >>> import os, tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); os.symlink("/etc/passwd", d / "link")
+    >>> open_regular(d / "link", os.O_RDONLY)
+    Traceback (most recent call last):
+    ...
+    tierstore.errors.CorruptStateError: state file .../link is a symbolic link; ...
+    """
+    name: str | Path = path.name if dir_fd is not None else path
+    try:
+        fd = os.open(name, flags | O_NOFOLLOW | os.O_NONBLOCK | O_CLOEXEC, mode, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        kind = _kind_of(path, dir_fd) if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.EMLINK) else None
+        if kind is None:
+            raise
+        raise _not_regular(path, kind, what, error) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path, _describe_mode(st.st_mode), what, error)
+        # Regular files ignore O_NONBLOCK; clear it anyway so the descriptor is an ordinary one.
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _describe_mode(mode: int) -> str:
+    for test, text in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return text
+    return "not a regular file"
+
+
+def _kind_of(path: Path, dir_fd: int | None) -> str:
+    try:
+        st = os.stat(path.name if dir_fd is not None else path, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return "not a regular file"
+    return _describe_mode(st.st_mode)
+
+
+def _not_regular(path: Path, kind: str, what: str, error: type[TierstoreError]) -> TierstoreError:
+    return error(
+        f"{what} {path} is {kind}; tierstore reads and writes only regular files inside a state "
+        "directory and never follows symbolic links there (a link or pipe planted in a file's "
+        "place must not redirect or hang it). Remove it; if it stood in for state, restore the "
+        "state directory from a checkpoint"
+    )
+
+
+def open_fd(
+    path: Path, nbytes: int, *, create: bool, flags: int, readonly: bool = False, dir_fd: int | None = None
+) -> int:
+    """Open ``path`` (relative to ``dir_fd`` when given) with ``flags``; create and size it when asked.
+
+    Only a regular file is opened, never through a symlink (:func:`open_regular`).
     Translates the OS errors users can act on into tierstore errors.
     """
     if readonly and create:
         raise ValueError("a read-only state file cannot be created")
+    if create:
+        access = os.O_RDWR | os.O_CREAT
+    elif readonly:
+        access = os.O_RDONLY
+    else:
+        access = os.O_RDWR
     try:
-        if create:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o644)
-        elif readonly:
-            fd = os.open(path, os.O_RDONLY | flags)
-        else:
-            fd = os.open(path, os.O_RDWR | flags)
+        fd = open_regular(path, access | flags, dir_fd=dir_fd)
     except FileNotFoundError:
         raise CorruptStateError(
             f"state file {path} is missing; the state directory is incomplete: restore it "
@@ -149,6 +269,11 @@ def open_fd(path: Path, nbytes: int, *, create: bool, flags: int, readonly: bool
                     f"state file {path} is truncated: {size} bytes, expected {nbytes}; "
                     "restore the state directory from a checkpoint"
                 )
+    except OSError as exc:
+        os.close(fd)
+        if isinstance(exc, TierstoreError):
+            raise
+        raise io_error(exc, path, "sizing", 0, nbytes) from exc
     except BaseException:
         os.close(fd)
         raise

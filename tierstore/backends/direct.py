@@ -18,11 +18,10 @@ Example
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import ClassVar
 
 from ..errors import CorruptStateError
-from .base import ShardFile, io_error, open_fd
+from .base import ShardFile, io_error
 
 O_DIRECT = getattr(os, "O_DIRECT", 0)
 
@@ -33,17 +32,13 @@ class BufferedFile(ShardFile):
     name: ClassVar[str] = "buffered"
     open_flags: ClassVar[int] = 0
 
-    def __init__(self, path: Path | str, nbytes: int, *, create: bool, readonly: bool = False) -> None:
-        super().__init__(path, nbytes, create=create, readonly=readonly)
-        self._fd = open_fd(self.path, self.nbytes, create=create, flags=self.open_flags, readonly=readonly)
-
     def read_into(self, buffer: memoryview, offset: int) -> None:
         self._check_range(buffer, offset)
         done = 0
         total = len(buffer)
         while done < total:
             try:
-                n = os.preadv(self._fd, [buffer[done:]], offset + done)
+                n = os.preadv(self.fd, [buffer[done:]], offset + done)
             except OSError as exc:
                 raise io_error(exc, self.path, "reading", offset + done, total - done) from exc
             if n == 0:
@@ -59,21 +54,19 @@ class BufferedFile(ShardFile):
         total = len(buffer)
         while done < total:
             try:
-                n = os.pwritev(self._fd, [buffer[done:]], offset + done)
+                n = os.pwritev(self.fd, [buffer[done:]], offset + done)
             except OSError as exc:
                 raise io_error(exc, self.path, "writing", offset + done, total - done) from exc
             done += n
 
     def sync(self) -> None:
         try:
-            os.fdatasync(self._fd)
+            os.fdatasync(self.fd)
         except OSError as exc:
             raise io_error(exc, self.path, "syncing", 0, self.nbytes) from exc
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            os.close(self._fd)
+        self._close_fd()
 
 
 class DirectFile(BufferedFile):

@@ -46,7 +46,7 @@ from typing import ClassVar
 import torch
 
 from ..errors import CorruptStateError
-from .base import ShardFile, io_error, open_fd
+from .base import ShardFile, io_error
 
 COPY_STEP_BYTES = 256 << 10  # 256 KiB: the most RSS one request in flight maps at a time
 
@@ -56,19 +56,20 @@ class MmapFile(ShardFile):
 
     name: ClassVar[str] = "mmap"
 
-    def __init__(self, path: Path | str, nbytes: int, *, create: bool, readonly: bool = False) -> None:
+    def __init__(
+        self, path: Path | str, nbytes: int, *, create: bool, readonly: bool = False, dir_fd: int | None = None
+    ) -> None:
         if readonly:
             raise ValueError("the mmap backend maps files read-write; open read-only files with 'buffered'")
-        super().__init__(path, nbytes, create=create)
-        self._fd = open_fd(self.path, self.nbytes, create=create, flags=0)
         self._map: mmap.mmap | None = None
+        self._bytes = None
+        super().__init__(path, nbytes, create=create, dir_fd=dir_fd)
         if self.nbytes == 0:  # nothing to map (a model with nothing to train)
-            self._bytes = None
             return
         try:
-            self._map = mmap.mmap(self._fd, self.nbytes, flags=mmap.MAP_SHARED)
+            self._map = mmap.mmap(self.fd, self.nbytes, flags=mmap.MAP_SHARED)
         except (OSError, ValueError) as exc:
-            os.close(self._fd)
+            self._close_fd()
             raise CorruptStateError(f"cannot map state file {self.path}: {exc}") from exc
         self._bytes = torch.frombuffer(self._map, dtype=torch.uint8) if self.nbytes else None
 
@@ -87,7 +88,7 @@ class MmapFile(ShardFile):
 
     def read_into(self, buffer: memoryview, offset: int) -> None:
         self._check_range(buffer, offset)
-        if os.fstat(self._fd).st_size < offset + len(buffer):
+        if os.fstat(self.fd).st_size < offset + len(buffer):
             # Touching a mapped page past EOF would kill the process with SIGBUS.
             raise CorruptStateError(
                 f"state file {self.path} is truncated below offset {offset + len(buffer)}; "
@@ -132,8 +133,7 @@ class MmapFile(ShardFile):
     def close(self) -> None:
         if self.closed:
             return
-        self.closed = True
         self._bytes = None
         if self._map is not None:
             self._map.close()
-        os.close(self._fd)
+        self._close_fd()
