@@ -1,0 +1,189 @@
+"""The semantics of torch's own optimizer tests (``test/test_optim.py``), in our words (issue 21).
+
+``bench/torch_optim_tests.py`` runs torch's file itself against ``TieredAdamW``;
+the suite cannot download it, so what that run found is pinned here, each
+against ``torch.optim.AdamW`` doing the same thing: state dicts saved by
+``torch.optim.Adam``/``AdamW`` load as torch's AdamW loads them, extra entries
+of ``optimizer.state`` travel through state dicts, param groups are packed as
+torch packs them (or refused clearly), and the design limits (non-contiguous
+parameters, ``copy.deepcopy``, ``add_param_group`` after construction) are
+refused with an error that names the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tierstore import ConfigError, ParamsChangedError, TieredAdamW
+
+
+def _pair(seed: int = 0) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+    torch.manual_seed(seed)
+    ours = [torch.nn.Parameter(torch.randn(8, 4)), torch.nn.Parameter(torch.randn(8))]
+    return ours, [torch.nn.Parameter(p.detach().clone()) for p in ours]
+
+
+def _grads(params: list[torch.Tensor], step: int) -> None:
+    g = torch.Generator().manual_seed(100 + step)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
+
+
+def _train(opt: torch.optim.Optimizer, params: list[torch.Tensor], steps: range) -> None:
+    for step in steps:
+        _grads(params, step)
+        opt.step()
+
+
+def test_a_state_dict_saved_by_torch_adam_loads_as_torch_adamw_loads_it() -> None:
+    """torch's AdamW makes every loaded group decoupled (an Adam state dict says False); so does TieredAdamW."""
+    source, _ = _pair()
+    adam = torch.optim.Adam(source, lr=1e-2, weight_decay=0.1)
+    _train(adam, source, range(3))
+    saved = adam.state_dict()
+    assert saved["param_groups"][0]["decoupled_weight_decay"] is False
+    ours, theirs = _pair(1)
+    opt = TieredAdamW(ours, lr=1e-3)
+    ref = torch.optim.AdamW(theirs, lr=1e-3, fused=True)
+    opt.load_state_dict(copy.deepcopy(saved))
+    ref.load_state_dict(copy.deepcopy(saved))
+    assert opt.param_groups[0]["decoupled_weight_decay"] is ref.param_groups[0]["decoupled_weight_decay"] is True
+    assert opt.state_dict()["param_groups"][0]["decoupled_weight_decay"] is True
+    _train(opt, ours, range(3, 6))
+    _train(ref, theirs, range(3, 6))
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a, b)  # the weight decay is AdamW's, with Adam's lr and weight_decay
+    opt.close()
+
+
+def test_loaded_groups_become_the_saved_ones_as_in_torch() -> None:
+    """A saved group without a flag (an older state dict) gets torch's default, not the optimizer's value."""
+    ours, theirs = _pair()
+    opt = TieredAdamW(ours, maximize=True)
+    ref = torch.optim.AdamW(theirs, maximize=True, fused=True)
+    saved = ref.state_dict()
+    for group in saved["param_groups"]:
+        del group["maximize"]
+        group["initial_lr"] = 0.5  # a scheduler's key travels too
+    opt.load_state_dict(copy.deepcopy(saved))
+    ref.load_state_dict(copy.deepcopy(saved))
+    assert opt.param_groups[0]["maximize"] is ref.param_groups[0]["maximize"] is False
+    assert opt.param_groups[0]["initial_lr"] == ref.param_groups[0]["initial_lr"] == 0.5
+    opt.close()
+
+
+def test_extra_state_entries_travel_through_state_dicts_as_in_torch() -> None:
+    """Keys a user or a scheduler keeps in optimizer.state: a parameter's own, and keys that are not parameters."""
+    ours, theirs = _pair()
+    opt, ref = TieredAdamW(ours), torch.optim.AdamW(theirs, fused=True)
+    for o, params in ((opt, ours), (ref, theirs)):
+        _train(o, params, range(2))
+        o.state[params[0]]["ema"] = torch.full((2,), 3.0)
+        o.state[params[1]]["note"] = "kept"
+        o.state["run"] = {"epoch": 7}
+    sd, torch_sd = opt.state_dict(), ref.state_dict()
+    assert sd["state"]["run"] == torch_sd["state"]["run"] == {"epoch": 7}
+    assert torch.equal(sd["state"][0]["ema"], torch_sd["state"][0]["ema"])
+    assert sd["state"][1]["note"] == torch_sd["state"][1]["note"] == "kept"
+    # Loading keeps them (torch's AdamW's dict and ours alike); tensors take the parameter's dtype.
+    for saved in (sd, torch_sd):
+        params = [torch.nn.Parameter(p.detach().clone().to(torch.bfloat16)) for p in ours]
+        again = TieredAdamW(params)
+        again.state["stale"] = 1  # replaced, as torch replaces the whole state
+        again.load_state_dict(copy.deepcopy(saved))
+        assert again.state[params[0]]["ema"].dtype == torch.bfloat16
+        assert again.state[params[1]]["note"] == "kept" and again.state["run"] == {"epoch": 7}
+        assert "stale" not in again.state
+        assert again.state_dict()["state"]["run"] == {"epoch": 7}
+        _train(again, params, range(2, 3))  # extra keys do not disturb the step
+        again.close()
+    opt.close()
+
+
+def test_state_ids_no_group_lists_are_kept_not_refused() -> None:
+    ours, theirs = _pair()
+    ref = torch.optim.AdamW(theirs, fused=True)
+    _train(ref, theirs, range(1))
+    saved = ref.state_dict()
+    saved["state"][99] = {"orphan": 1}
+    opt = TieredAdamW(ours)
+    opt.load_state_dict(saved)
+    assert opt.state[99] == {"orphan": 1} and opt.state_dict()["state"][99] == {"orphan": 1}
+    opt.close()
+
+
+def test_a_state_dict_pre_hook_entry_appears_in_the_state_dict() -> None:
+    ours, _ = _pair()
+    opt = TieredAdamW(ours)
+    opt.register_state_dict_pre_hook(lambda o: o.state.__setitem__("test", 1))
+    assert opt.state_dict()["state"]["test"] == 1
+    opt.close()
+
+
+def test_param_groups_appended_again_are_packed_as_torch_packs_them() -> None:
+    ours, theirs = _pair()
+    opt = TieredAdamW([{"params": [ours[0]]}, {"params": [ours[1]], "lr": 0.1}])
+    ref = torch.optim.AdamW([{"params": [theirs[0]]}, {"params": [theirs[1]], "lr": 0.1}], fused=True)
+    for o, params in ((opt, ours), (ref, theirs)):
+        _train(o, params, range(2))
+        o.param_groups.extend(o.param_groups)
+    ours_sd, torch_sd = opt.state_dict(), ref.state_dict()
+    assert [g["params"] for g in ours_sd["param_groups"]] == [g["params"] for g in torch_sd["param_groups"]]
+    assert [g["params"] for g in ours_sd["param_groups"]] == [[0], [1], [0], [1]]
+    assert sorted(ours_sd["state"]) == sorted(torch_sd["state"]) == [0, 1]
+    with pytest.raises(ParamsChangedError, match="changed since construction"):
+        _train(opt, ours, range(2, 3))  # a step would update the parameters twice: refused
+    opt.close()
+
+
+def test_hyperparameter_edits_are_in_the_state_dict() -> None:
+    ours, _ = _pair()
+    opt = TieredAdamW(ours, lr=1e-3)
+    opt.param_groups[0]["lr"] = 0.25
+    opt.param_groups[0]["my_key"] = "x"
+    group = opt.state_dict()["param_groups"][0]
+    assert group["lr"] == 0.25 and group["my_key"] == "x" and group["params"] == [0, 1]
+    opt.close()
+
+
+def test_a_tensor_put_into_param_groups_is_refused_not_saved_as_an_empty_group() -> None:
+    ours, _ = _pair()
+    opt = TieredAdamW(ours)
+    opt.param_groups.append({**opt.param_groups[0], "params": [torch.nn.Parameter(torch.zeros(3))]})
+    with pytest.raises(ParamsChangedError, match=r"param group 1 holds a tensor of shape \(3,\).*build a new"):
+        opt.state_dict()
+    opt.param_groups.pop()
+    opt.param_groups[0]["params"] = opt.param_groups[0]["params"][:1]
+    with pytest.raises(ParamsChangedError, match=r"parameters \[1\] were removed from param_groups"):
+        opt.state_dict()
+    opt.close()
+
+
+def test_add_param_group_after_construction_is_refused_with_the_fix() -> None:
+    ours, _ = _pair()
+    opt = TieredAdamW(ours[:1])
+    with pytest.raises(ParamsChangedError, match=r"add_param_group.*TieredAdamW\(\[group1, group2\]"):
+        opt.add_param_group({"params": [ours[1]]})
+    assert len(opt.param_groups) == 1 and len(opt.state_dict()["param_groups"]) == 1
+    opt.close()
+
+
+def test_non_contiguous_parameters_are_refused_with_the_fix() -> None:
+    """torch 2.13's own fused CPU AdamW updates a non-contiguous parameter wrongly; TieredAdamW refuses it."""
+    weight = torch.nn.Parameter(torch.randn(10, 5, 2)[..., 0])
+    assert not weight.is_contiguous()
+    with pytest.raises(ConfigError, match=r"is not contiguous; make it contiguous \(param.data = param.data.contiguous"):
+        TieredAdamW([weight])
+
+
+def test_deepcopy_is_refused_with_the_fix() -> None:
+    ours, _ = _pair()
+    opt = TieredAdamW(ours)
+    with pytest.raises(TypeError, match=r"cannot be deep-copied.*state_dict\(\).*new TieredAdamW"):
+        copy.deepcopy(opt)
+    twin = copy.copy(opt)  # a shallow copy shares the running state (wrappers rely on it)
+    assert twin.step_count == opt.step_count
+    opt.close()
