@@ -630,13 +630,18 @@ class TieredStateful:
         moments, steps, hyperparameters, ``step_count`` (the checkpoint's, or
         the largest parameter step when it has none) and, when both sides
         keep one, the fp32 master copy, which is then written into the
-        parameters. Fields a checkpoint lacks load as zeros (masters are
-        seeded from the parameters).
+        parameters. A parameter with a step must come with ``exp_avg`` and
+        ``exp_avg_sq`` (and ``max_exp_avg_sq`` when its saved group uses
+        amsgrad), as torch's AdamW needs them: a missing one is an error, never
+        zeros. Masters a checkpoint lacks are seeded from the parameters;
+        ``max_exp_avg_sq`` of a group saved without amsgrad is zeros (unused
+        under the restored groups, as in torch).
 
         Raises
         ------
         ValueError
-            If a value has the wrong local shape, or the param-group counts differ.
+            If a value has the wrong local shape, the param-group counts differ,
+            or a parameter with a step lacks a moment (a ``ConfigError``).
         """
         opt = self.opt
         state = state_dict.get("state", {})
@@ -664,6 +669,17 @@ class TieredStateful:
         if step_count < 0:  # a checkpoint written by torch's AdamW: its steps say how far it got
             step_count = int(max(steps.values(), default=0))
         layout = opt.layout
+        for part in session.parts:
+            if part.index not in steps or math.prod(part.shape) == 0:
+                continue  # no state to carry (or no local elements: nothing of it on this rank)
+            saved_group = saved_groups[layout.params[part.index].group]
+            wanted = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if saved_group.get("amsgrad") else [])
+            missing = [STATE_KEY_OF_FIELD[f] for f in wanted if f in layout.fields and (part.index, f) not in sources]
+            if missing:
+                raise ConfigError(
+                    f"the loaded state of {part.fqn} has a step but no {missing}; a missing moment is never "
+                    "loaded as zeros. Load a complete checkpoint (every parameter with a step has its moments)"
+                )
         by_param: dict[int, dict[str, torch.Tensor]] = {}
         for (i, field), src in sources.items():
             by_param.setdefault(i, {})[field] = src
