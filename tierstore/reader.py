@@ -8,6 +8,13 @@ compressed moment format: the stored extent, and the fp32 values it decodes
 to). :meth:`StateReader.read_extent` gives the stored bytes,
 :meth:`StateReader.read_shard` the fp32 values in every format.
 
+A directory is read as a state directory is written
+(:mod:`tierstore.statedir`): opened once, every file relative to its
+descriptor, never through a symlink, only regular files; the manifest
+bounded in size and validated (:func:`tierstore.manifest.validate`) before
+anything uses it. Every byte handed out was read from a shard that passed its
+checksum, or decoded from one.
+
 Example
 -------
 >>> import tempfile, torch
@@ -23,20 +30,22 @@ Example
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from . import manifest as manifest_mod
 from .backends import ShardFile, open_backend
-from .errors import BackendError, CorruptStateError
+from .backends.base import O_CLOEXEC
+from .errors import BackendError, CorruptStateError, StateDirError
 from .hostmem import HostBuffer
 from .integrity import checksum_mismatch, shard_checksum
 from .layout import STATE_KEY_OF_FIELD, Layout, ShardSpec
-from .statedir import INFLIGHT, MANIFEST, read_manifest_file
+from .statedir import INFLIGHT, MANIFEST, read_manifest_file, state_dir_path
 from .store import STATE_FILES
 
 #: Offline reads bypass the page cache where the filesystem allows it (a verify of a
@@ -71,26 +80,58 @@ class StateReader:
 
     Raises
     ------
+    ConfigTypeError, ConfigError
+        If ``path`` is not a path (a ``str`` or ``os.PathLike``) or is empty.
+    StateDirError
+        If it is not a directory that can be opened.
     CorruptStateError
-        If the manifest is missing or corrupt. A state left dirty by a
+        If the manifest is missing, not a regular file, too large, corrupt, or
+        holds a value of the wrong type or out of bounds. A state left dirty by a
         ``durable=False`` run is readable but unreliable: check :attr:`clean`.
     FormatVersionError
         If the manifest was written by another format version.
     """
 
-    def __init__(self, path: str | Path, *, progress: Callable[[int], object] | None = None) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike, *, progress: Callable[[int], object] | None = None) -> None:
+        checked = state_dir_path(path, name="path")
+        if checked is None:
+            raise StateDirError("StateReader needs the path of a state directory, got None")
+        self.path = checked
         self.progress = progress
-        self.manifest = read_manifest_file(self.path / MANIFEST)
-        self.layout: Layout = manifest_mod.saved_layout(self.manifest, str(self.path))
+        self._files: dict[int, ShardFile] = {}
+        self._buffer: HostBuffer | None = None
+        self._wide: torch.Tensor | None = None
+        try:
+            self._dir_fd: int | None = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | O_CLOEXEC)
+        except FileNotFoundError:
+            raise CorruptStateError(f"{self.path / MANIFEST} is missing; this directory holds no committed state") from None
+        except OSError as exc:
+            raise StateDirError(
+                f"cannot open the state directory {self.path}: {exc.strerror}; pass a directory you can read"
+            ) from exc
+        try:
+            self.manifest = read_manifest_file(self.path / MANIFEST, dir_fd=self._dir_fd)
+            self.layout: Layout = manifest_mod.saved_layout(self.manifest, str(self.path))
+        except BaseException:
+            self.close()
+            raise
         self.clean = bool(self.manifest.get("clean", True))
         self.records: list[dict] = self.manifest["shards"]
         self._offsets = [0]
         for shard in self.layout.shards:
             self._offsets.append(self._offsets[-1] + self.layout.shard_nbytes(shard))
-        self._files: dict[int, ShardFile] = {}
-        self._buffer: HostBuffer | None = None
-        self._wide: torch.Tensor | None = None
+
+    def _lstat(self, name: str) -> os.stat_result | None:
+        """``name`` in the directory, not followed if it is a link (``None``: absent)."""
+        try:
+            return os.stat(name, dir_fd=self._open_dir(), follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+
+    def _open_dir(self) -> int:
+        if self._dir_fd is None:
+            raise StateDirError(f"the reader of {self.path} is closed; open a new StateReader")
+        return self._dir_fd
 
     # -- summary ------------------------------------------------------
     @property
@@ -109,9 +150,9 @@ class StateReader:
         """Bytes on disk (allocated) of each state file present."""
         sizes = {}
         for name in STATE_FILES:
-            p = self.path / name
-            if p.exists():
-                sizes[name] = p.stat().st_blocks * 512
+            st = self._lstat(name)
+            if st is not None:
+                sizes[name] = st.st_blocks * 512
         return sizes
 
     # -- shard access -------------------------------------------------
@@ -120,7 +161,9 @@ class StateReader:
             path = self.path / STATE_FILES[copy]
             for backend in READ_BACKENDS:
                 try:
-                    self._files[copy] = open_backend(backend, path, self._offsets[-1], create=False, readonly=True)
+                    self._files[copy] = open_backend(
+                        backend, path, self._offsets[-1], create=False, readonly=True, dir_fd=self._open_dir()
+                    )
                     break
                 except BackendError:  # O_DIRECT refused here (tmpfs on older kernels): read through the cache
                     if backend == READ_BACKENDS[-1]:
@@ -173,7 +216,7 @@ class StateReader:
         if not self.layout.encoded:
             return extent
         shard = self.layout.shards[index]
-        if self._wide is None:
+        if self._wide is None:  # scratch: decode_shard writes every element of the part used
             self._wide = torch.empty(self.layout.max_capacity * len(self.layout.fields))
         wide = self._wide[: self.layout.wide_nbytes(shard) // 4]
         self.layout.decode_shard(shard, extent, wide)
@@ -190,12 +233,37 @@ class StateReader:
             yield shard, self.read_extent(shard.index)
 
     def param_state(self, index: int) -> dict[str, torch.Tensor]:
-        """Full fp32 tensors of one parameter's state (``exp_avg``, ..., ``master_param``)."""
+        """Full fp32 tensors of one parameter's state (``exp_avg``, ..., ``master_param``).
+
+        Raises
+        ------
+        CorruptStateError
+            If a shard fails its checksum, or the layout's segments do not
+            cover the parameter exactly once (no element is left unread).
+        """
         meta = self.layout.params[index]
+        self._check_covered(index)
+        # Every element is overwritten below from verified shards: _check_covered saw to that.
         out = {f: torch.empty(meta.numel, dtype=torch.float32) for f in self.layout.fields}
         for shard_index in self.layout.shards_of([index]):
             self.layout.copy_out(self.layout.shards[shard_index], self.read_shard(shard_index), {index: out})
         return {STATE_KEY_OF_FIELD[f]: t.view(meta.shape) for f, t in out.items()}
+
+    def _check_covered(self, index: int) -> None:
+        """The segments of parameter ``index`` tile its elements ``[0, numel)``: none missing, none twice."""
+        meta = self.layout.params[index]
+        segments = sorted((seg for _, seg in self.layout.segments_of(index)), key=lambda seg: seg.param_offset)
+        cursor = 0
+        for seg in segments:
+            if seg.param_offset != cursor or seg.length <= 0:
+                break
+            cursor += seg.length
+        if cursor != meta.numel or (meta.numel and not meta.trainable):
+            raise CorruptStateError(
+                f"the layout in {self.path / MANIFEST} does not place parameter {index} ({meta.numel} elements) "
+                f"exactly once in its shards (covered up to element {cursor}); restore the state directory "
+                "from a checkpoint"
+            )
 
     # -- checks -------------------------------------------------------
     def _checks(self, shard: ShardSpec) -> list[tuple[int, str, str]]:
@@ -208,7 +276,7 @@ class StateReader:
         checks = []
         if rec["checksum"] is not None:
             checks.append((rec["copy"], rec["checksum"], "error"))
-        stale_readable = self.manifest.get("durable") and not (self.path / INFLIGHT).exists()
+        stale_readable = self.manifest.get("durable") and self._lstat(INFLIGHT) is None
         if rec.get("stale_checksum") and stale_readable:
             checks.append((1 - rec["copy"], rec["stale_checksum"], "warning"))
         return checks
@@ -238,6 +306,7 @@ class StateReader:
         return problems
 
     def close(self) -> None:
+        """Close the files and the directory, free the buffer; safe twice."""
         for file in self._files.values():
             file.close()
         self._files.clear()
@@ -245,6 +314,14 @@ class StateReader:
             self._buffer.close()
             self._buffer = None
         self._wide = None
+        fd, self._dir_fd = self._dir_fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:  # a reader used without ``with`` or close() must not leak descriptors
+        if getattr(self, "_dir_fd", None) is not None:
+            with contextlib.suppress(Exception):
+                self.close()
 
     def __enter__(self) -> StateReader:
         return self
