@@ -41,7 +41,6 @@ import logging
 import mmap
 import os
 import shutil
-import sys
 import tempfile
 import threading
 from collections import deque
@@ -50,6 +49,7 @@ import torch
 
 from .errors import DiskFullError
 from .sizes import format_size
+from .torch_private import caller_frame, privateuse1_backend_name
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def gpu_host() -> bool:
     """Whether torch's writer may copy ahead (its own condition: a CUDA or custom device is available)."""
     if torch.cuda.is_available():
         return True
-    custom = getattr(torch, torch._C._get_privateuse1_backend_name(), None)
+    custom = getattr(torch, privateuse1_backend_name(), None)
     return bool(custom is not None and getattr(custom, "is_available", lambda: False)())
 
 
@@ -75,7 +75,7 @@ def copy_ahead_of_caller(gpu_host: bool, *, depth: int = 12) -> int:
     yields what it drained. Another caller is taken as serial, except on a
     GPU host, where torch's default copy-ahead is assumed.
     """
-    frame = sys._getframe(1)
+    frame = caller_frame(1)
     for _ in range(depth):
         if frame is None:
             break

@@ -30,12 +30,13 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import torch
+from . import torch_private
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# The code object of torch._disable_dynamo's wrapper, to recognise (and unwrap) only that decorator.
-_TORCH_WRAPPER_CODE = torch._disable_dynamo(lambda: None).__code__
+# The code object of torch._disable_dynamo's wrapper, to recognise (and unwrap) only that decorator
+# (None where torch has no _disable_dynamo: then nothing is unwrapped).
+_TORCH_WRAPPER_CODE = torch_private.disable_dynamo_wrapper_code()
 
 
 def disable_dynamo(fn: F) -> F:
@@ -45,7 +46,8 @@ def disable_dynamo(fn: F) -> F:
     (such as ``torch.optim.Optimizer.zero_grad``): its original is called
     while dynamo is absent. Other decorators are kept.
     """
-    plain = fn.__wrapped__ if getattr(fn, "__code__", None) is _TORCH_WRAPPER_CODE else fn
+    wrapped = _TORCH_WRAPPER_CODE is not None and getattr(fn, "__code__", None) is _TORCH_WRAPPER_CODE
+    plain = fn.__wrapped__ if wrapped else fn
     disabled: list[Callable[..., Any]] = []  # torch's wrapper, made on the first call after dynamo arrives
 
     @functools.wraps(plain)
@@ -53,7 +55,7 @@ def disable_dynamo(fn: F) -> F:
         if "torch._dynamo" not in sys.modules:
             return plain(*args, **kwargs)
         if not disabled:
-            disabled.append(torch._disable_dynamo(plain))
+            disabled.append(torch_private.disable_dynamo(plain))
         return disabled[0](*args, **kwargs)
 
     return call  # type: ignore[return-value]

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import torch_private
 from .dtensor import local_tensor
 from .errors import ConfigError
 from .hostmem import HostBuffer
@@ -217,16 +218,15 @@ class GradientOffload:
 
     def unscale_(self, scaler: Any, optimizer: Any) -> None:
         """``scaler.unscale_(optimizer)`` on the host gradients: divide by the scale, record the inf check."""
-        from torch.amp.grad_scaler import OptState
-
+        OptState = torch_private.amp_opt_state()  # noqa: N806 (torch's enum)
         if not scaler.is_enabled():
             return
-        state = scaler._per_optimizer_states[id(optimizer)]
+        state = torch_private.grad_scaler_state(scaler, optimizer)
         if state["stage"] is OptState.UNSCALED:
             raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
-        scale = scaler._scale
+        scale = torch_private.grad_scaler_scale(scaler)
         if scale is None:
             raise RuntimeError("the GradScaler has not scaled a loss yet (scaler.scale(loss) first)")
         inv_scale = scale.double().reciprocal().float().cpu()
@@ -236,7 +236,7 @@ class GradientOffload:
         for g in grads:
             by_dtype.setdefault(g.dtype, []).append(g)
         for group in by_dtype.values():
-            torch._amp_foreach_non_finite_check_and_unscale_(group, found_inf, inv_scale)
+            torch_private.amp_unscale_(group, found_inf, inv_scale)
         state["found_inf_per_device"] = {found_inf.device: found_inf.to(scale.device)}
         state["stage"] = OptState.UNSCALED
 
@@ -252,9 +252,8 @@ class GradientOffload:
         ConfigError
             If ``scaler.unscale_(optimizer)`` was called: it cannot see offloaded gradients.
         """
-        from torch.amp.grad_scaler import OptState
-
-        state = scaler._per_optimizer_states[id(optimizer)]
+        OptState = torch_private.amp_opt_state()  # noqa: N806 (torch's enum)
+        state = torch_private.grad_scaler_state(scaler, optimizer)
         if state["stage"] is OptState.UNSCALED and not state["found_inf_per_device"]:
             raise ConfigError(
                 "scaler.unscale_(opt) cannot see gradients offloaded to the host (param.grad is None); "

@@ -27,6 +27,8 @@ import math
 import torch
 from torch import Tensor
 
+from .torch_private import fused_adamw_kernel
+
 
 def adamw(
     params: list[Tensor],
@@ -58,7 +60,7 @@ def adamw(
     if not params:
         return
     if impl == "fused":
-        torch._fused_adamw_(
+        fused_adamw_kernel()(
             params,
             grads,
             exp_avgs,

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import torch_private
 from .access import ShardVisit
 from .budget import TierPlan
 from .codecs import moment_format
@@ -192,6 +193,7 @@ class TieredAdamW(torch.optim.Optimizer):
     ) -> None:
         # Note: like torch.optim.AdamW, lr..amsgrad may be passed positionally.
         self._rt: Runtime | None = None  # until construction succeeds; makes close() safe on failure
+        torch_private.fused_adamw_kernel()  # a torch without it fails here, not mid-step
         check_hyper(lr, betas, eps, weight_decay)
         self._budget = None if ram_budget is None else parse_size(ram_budget, name="ram_budget")
         self._knobs = Knobs(backend=backend, prefetch_depth=prefetch_depth, io_workers=io_workers,
@@ -325,7 +327,7 @@ class TieredAdamW(torch.optim.Optimizer):
         offload = self._spec.cuda if offload_grads is None else bool(offload_grads)
         rt.attach(model, self._params, self._layout, cuda=self._spec.cuda, offload_grads=offload,
                   grad_bucket_bytes=grad_bucket_bytes, pin=self._knobs.pin_memory, overlap=overlap)  # fmt: skip
-        self._step_supports_amp_scaling = offload  # GradScaler then hands itself to step()
+        torch_private.set_amp_scaling_step(self, offload)  # GradScaler then hands itself to step()
         return self
 
     def clip_grad_norm_(
@@ -353,7 +355,7 @@ class TieredAdamW(torch.optim.Optimizer):
 
     def detach(self) -> None:
         """Undo :meth:`attach`: steps run synchronously again (after the one in flight)."""
-        self._step_supports_amp_scaling = False
+        torch_private.set_amp_scaling_step(self, False)
         if self._rt is not None:
             self._rt.detach()
 
@@ -409,7 +411,7 @@ class TieredAdamW(torch.optim.Optimizer):
         ``get_optimizer_state_dict`` and DCP see each rank's shard).
         """
         self._runtime()  # synchronizes: a step behind the loop finishes first
-        for pre_hook in self._optimizer_state_dict_pre_hooks.values():
+        for pre_hook in torch_private.optimizer_hooks(self, "state_dict_pre"):
             pre_hook(self)
         layout = self._layout
         groups, keys = packed_groups(self.param_groups, self._params)  # as torch numbers them
@@ -427,7 +429,7 @@ class TieredAdamW(torch.optim.Optimizer):
         for key, extras in per_param.items():
             result["state"].setdefault(key, {}).update(extras)
         result["state"].update(others)
-        for post_hook in self._optimizer_state_dict_post_hooks.values():
+        for post_hook in torch_private.optimizer_hooks(self, "state_dict_post"):
             hook_result = post_hook(self, result)
             if hook_result is not None:
                 result = hook_result
@@ -446,7 +448,7 @@ class TieredAdamW(torch.optim.Optimizer):
         """
         self._runtime()
         state_dict = dict(state_dict)
-        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+        for pre_hook in torch_private.optimizer_hooks(self, "load_state_dict_pre"):
             hook_result = pre_hook(self, state_dict)
             if hook_result is not None:
                 state_dict = hook_result
@@ -466,7 +468,7 @@ class TieredAdamW(torch.optim.Optimizer):
             groups_like_torch=True,
         )
         load_extra_state(self.state, self._params, {i: e for i, e in extras.items() if e}, others)
-        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+        for post_hook in torch_private.optimizer_hooks(self, "load_state_dict_post"):
             post_hook(self)
 
     # -- the access protocol for adapters (tierstore.access) ----------

@@ -126,7 +126,7 @@ class Attachment:
         self._params_of_module: dict[int, list[int]] = {}
         modules: list[nn.Module] = []
         for module in model.modules():
-            owned = [index[id(p)] for p in module._parameters.values() if p is not None and id(p) in index]
+            owned = [index[id(p)] for p in module.parameters(recurse=False) if id(p) in index]
             if owned:
                 modules.append(module)
                 self._params_of_module[id(module)] = owned
@@ -174,7 +174,7 @@ class Attachment:
         board = self._board
         if board is None or id(module) in self._shards_of_module:
             return
-        owned = [self._param_modules[id(p)] for p in module._parameters.values() if p is not None and id(p) in self._param_modules]
+        owned = [self._param_modules[id(p)] for p in module.parameters(recurse=False) if id(p) in self._param_modules]
         if not owned:
             return
         shards = self.layout.shards_of(owned)

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import distributed, fused_update, native
+from . import distributed, fused_update, native, torch_private
 from .access import ShardVisit
 from .budget import TierPlan
 from .errors import ClosedError, StepFailedError
@@ -89,12 +89,9 @@ def _close_at_exit() -> None:
         runtime._close_quietly()  # close() is idempotent
 
 
-try:  # runs before concurrent.futures' own exit hook, which was registered earlier (LIFO)
-    threading._register_atexit(_close_at_exit)
-except (AttributeError, RuntimeError):  # another Python, or already shutting down: weakref's atexit remains
-    import atexit
-
-    atexit.register(_close_at_exit)
+# Runs before concurrent.futures' own exit hook, which was registered earlier (LIFO); where the
+# private hook is missing, atexit (and weakref's finalizers) remain.
+torch_private.register_atexit(_close_at_exit)
 
 
 class _Owner:

@@ -65,6 +65,7 @@ from .hyper import GroupHyper
 from .kernel import adamw
 from .layout import MOMENT_FIELDS, Layout, ShardSpec, round_up, update_chunk_numel
 from .torch_format import step_tensor
+from .torch_private import foreach_add_
 from .workers import run_each
 
 #: Staging buffer roles: fp32 gradients, raw (non-fp32) CUDA gradients, two upload buffers.
@@ -260,7 +261,7 @@ class ShardUpdate:
     def step_counts(self) -> None:
         """Advance the step count of every parameter taking part (before any shard is updated)."""
         if self.active:
-            torch._foreach_add_([a.step for a in self.active.values()], 1)
+            foreach_add_([a.step for a in self.active.values()], 1)
 
     def __call__(self, shard: ShardSpec, flat: Tensor) -> None:
         """Update shard ``shard`` whose extent (its stored bytes, as 32-bit words) is ``flat``."""

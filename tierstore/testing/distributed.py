@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from tierstore import faults
+from tierstore.torch_private import fused_adamw_kernel, local_shape_and_offset
 
 from .crash import POLL_SECONDS, Progress, phase_names
 
@@ -385,10 +386,8 @@ def _local_with_offset(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
     from torch.distributed.tensor import DTensor
 
     if isinstance(t, DTensor):
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-        _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
-        return t.to_local(), tuple(offset)
+        _, offset = local_shape_and_offset(t.shape, t.device_mesh, t.placements)
+        return t.to_local(), offset
     return t, (0,) * t.dim()
 
 
@@ -547,7 +546,7 @@ def reference(job: DistJob, pieces: Sequence[tuple[int, int]] | int = 1) -> dict
                 st["step"] += 1
                 split = [t.chunk(n) for t in (p, p.grad, st["exp_avg"], st["exp_avg_sq"])]
                 maxs = list(st["max_exp_avg_sq"].chunk(n)) if job.amsgrad else []
-                torch._fused_adamw_(
+                fused_adamw_kernel()(
                     *[list(x) for x in split],
                     maxs,
                     [st["step"].clone() for _ in split[0]],
