@@ -173,6 +173,11 @@ BAD: list[tuple[str, Any, dict[str, Any], tuple[str, ...]]] = [
     ("ratio with cpu keeps state on the GPU", zero({"device": "cpu", "ratio": 0.3}, stage=3), {}, ("ratio=0.3", "on the GPU")),
     ("buffer_count 0", zero({"device": "nvme", "nvme_path": "/x", "buffer_count": 0}), {}, ("buffer_count=0", ">= 1")),
     ("buffer_size fractional", zero({"device": "nvme", "nvme_path": "/x", "buffer_size": 10.5}), {}, ("buffer_size=10.5",)),
+    # Numbers JSON allows that int() cannot take (1e999 parses as inf): a ConfigError, never OverflowError.
+    ("stage infinite", zero(None, stage=float("inf")), {}, ("stage=inf", "whole number")),
+    ("stage NaN", zero(None, stage=float("nan")), {}, ("stage=nan", "whole number")),
+    ("buffer_count infinite", zero({"device": "nvme", "nvme_path": "/x", "buffer_count": float("inf")}), {}, ("buffer_count=inf",)),
+    ("buffer_size NaN", zero({"device": "nvme", "nvme_path": "/x", "buffer_size": float("nan")}), {}, ("buffer_size=nan",)),
     ("pin_memory a string", zero({"device": "cpu", "pin_memory": "true"}), {}, ("pin_memory='true'",)),
     ("unknown override", {}, {"learning_rate": 1e-3}, ("learning_rate", "not TieredAdamW arguments")),
     ("a bad value reaches TieredAdamW's own check", adam(lr=-1.0), {}, ("Invalid learning rate: -1.0",)),
@@ -191,6 +196,12 @@ def test_bad_configs_raise_config_error(name: str, config: Any, overrides: dict,
 def test_bad_json_file(tmp_path: Path) -> None:
     broken = tmp_path / "ds.json"
     broken.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        map_deepspeed_config(broken)
+    broken.write_bytes(b"\xff\xfe{}")  # not UTF-8: UnicodeDecodeError is a ValueError, not a JSONDecodeError
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        map_deepspeed_config(broken)
+    broken.write_text("[" * 100_000)  # nested past the parser's recursion limit
     with pytest.raises(ConfigError, match="not valid JSON"):
         map_deepspeed_config(broken)
     broken.write_text("[1, 2]")

@@ -120,8 +120,8 @@ def load_config(config: Mapping[str, Any] | str | Path) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except OSError as exc:
         raise ConfigError(f"cannot read the DeepSpeed config {str(path)!r}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"the DeepSpeed config {str(path)!r} is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting too deep
+        raise ConfigError(f"the DeepSpeed config {str(path)!r} is not valid JSON: {exc}; pass a DeepSpeed JSON file") from None
     if not isinstance(data, dict):
         raise ConfigError(f"the DeepSpeed config {str(path)!r} holds a {type(data).__name__}, expected a JSON object")
     return data
@@ -153,7 +153,9 @@ def _flag(value: Any, name: str) -> bool:
 
 
 def _count(value: Any, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
+    # Not int(value) first: a JSON 1e999 is inf (OverflowError) and NaN raises ValueError.
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole or value < minimum:
         raise ConfigError(f"{name}={value!r} must be a whole number >= {minimum}")
     return int(value)
 
