@@ -274,9 +274,9 @@ class TieredAdamW(torch.optim.Optimizer):
             offload.consume()
         hypers = [GroupHyper.of(g, amsgrad_field=self._spec.amsgrad) for g in self.param_groups]
         update = rt.new_update(self._layout, self._spec, active, hypers, knobs=self._knobs)
-        update.step_counts()
-        rt.step_count += 1
-        rt.schedule_step(update, progress=rt.progress(), knobs=self._knobs)  # progress: as of now
+        # The step counts move only when the step succeeds (the runtime publishes them); the
+        # commit records them as they will be, with the hyperparameters as of now.
+        rt.schedule_step(update, progress=rt.progress(update), knobs=self._knobs)
         return loss
 
     # -- behind the training loop (tierstore.overlap) -----------------
@@ -597,8 +597,12 @@ class TieredAdamW(torch.optim.Optimizer):
 
     @property
     def step_count(self) -> int:
-        """Number of completed :meth:`step` calls (the step to resume data and schedules from)."""
-        return self._rt.step_count if self._rt is not None else 0
+        """Number of completed :meth:`step` calls (the step to resume data and schedules from).
+
+        A step that failed does not count. A step running behind the loop
+        (:meth:`attach`) counts from when ``step()`` returns, unless it fails.
+        """
+        return self._rt.steps_taken() if self._rt is not None else 0
 
     @property
     def committed_step(self) -> int | None:

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .errors import ConfigError
+from .errors import ConfigError, StepFailedError
 from .layout import Layout
 
 log = logging.getLogger(__name__)
@@ -93,9 +93,10 @@ class ShardBoard:
             if upload is not None:  # the GPU waits for the upload, not the CPU
                 torch.cuda.current_stream().wait_event(upload)
         if self._error is not None:
-            raise RuntimeError(
-                f"the background optimizer step failed ({type(self._error).__name__}: {self._error}); "
-                "call opt.synchronize() to see the error, then rebuild the optimizer with resume=True"
+            raise StepFailedError(
+                f"the optimizer step running behind the loop failed ({type(self._error).__name__}: "
+                f"{self._error}); this module's parameters were not updated. Build a new TieredAdamW with "
+                "resume=True to continue from the last committed step (opt.synchronize() raises the same)"
             ) from self._error
 
 
@@ -250,18 +251,29 @@ class Attachment:
         self._global_hook = torch.nn.modules.module.register_module_forward_pre_hook(self._any_forward)
 
     def wait(self) -> None:
-        """Block until the step in flight is done; raise what it raised."""
+        """Block until the step in flight is done; raise what it raised.
+
+        An interrupt while waiting (Ctrl-C) leaves the step in flight: the
+        next wait finds it.
+        """
         future = self._future
         if future is None:
             return
         try:
             future.result()
-        finally:
-            self._future = None
-            self._board = None
-            if self._global_hook is not None:
-                self._global_hook.remove()
-                self._global_hook = None
+        except BaseException:
+            if not future.done():
+                raise  # interrupted while waiting: the step still runs and keeps its board
+            self._done()
+            raise
+        self._done()
+
+    def _done(self) -> None:
+        self._future = None
+        self._board = None
+        if self._global_hook is not None:
+            self._global_hook.remove()
+            self._global_hook = None
 
     def detach(self) -> None:
         """Remove the hooks and stop the thread (after the step in flight)."""

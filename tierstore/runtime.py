@@ -56,7 +56,8 @@ from .sizes import format_size
 from .spec import StateSpec
 from .store import ShardStore
 from .torch_format import param_steps, reset_param_steps, restore_groups
-from .update import ActiveParam, ShardUpdate, UploadBuffers, intra_op_threads
+from .update import ActiveParam, ShardUpdate, UploadBuffers
+from .workers import own_threads
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,9 @@ class Runtime:
         self.attachment: Attachment | None = None
         self.overlap_always = False  # attach(overlap=True): behind the loop even with nothing to hide
         self.offload: GradientOffload | None = None
-        self.step_count = 0
+        self.step_count = 0  # steps that succeeded (a failed step never counts)
+        self._in_flight = 0  # a step scheduled behind the loop, not yet done (0 or 1)
+        self._count_lock = threading.Lock()  # step_count and _in_flight move together
         self.last_run: StepStats | None = None
         self._last_step_end: float | None = None
         self.failure: BaseException | None = None
@@ -153,9 +156,28 @@ class Runtime:
         _OPEN.add(self)
         return token
 
-    def progress(self) -> Progress:
-        """A snapshot of the step bookkeeping a commit records."""
-        return Progress.capture(self.step_count, param_steps(self._state, self._params), self._param_groups)
+    def progress(self, update: ShardUpdate | None = None) -> Progress:
+        """A snapshot of the step bookkeeping a commit records; with ``update``: as it will be after that step."""
+        steps = param_steps(self._state, self._params)
+        count = self.step_count
+        if update is not None:
+            for i, a in update.active.items():
+                steps[i] = float(a.step)
+            count += 1
+        return Progress.capture(count, steps, self._param_groups)
+
+    def steps_taken(self) -> int:
+        """Steps that succeeded, plus the one running behind the loop (it counts until it fails)."""
+        with self._count_lock:
+            return self.step_count + self._in_flight
+
+    def _step_done(self, update: ShardUpdate, *, behind: bool) -> None:
+        """The step of ``update`` succeeded: its counts become the parameters' and it is counted."""
+        update.publish_steps(self._state, self._params)
+        with self._count_lock:
+            self.step_count += 1
+            if behind:
+                self._in_flight -= 1
 
     @property
     def committed_step(self) -> int | None:
@@ -194,8 +216,8 @@ class Runtime:
         """One step: the update of ``shards`` through the pipeline, then its commit per the policy.
 
         ``threads`` is the intra-op thread setting to run the update under;
-        ``progress`` the step bookkeeping captured when the step was called
-        (the caller already counted the step). ``agreed``: the start of the
+        ``progress`` the step bookkeeping captured when the step was called,
+        with this step's counts (published by the caller once this returns). ``agreed``: the start of the
         step (seconds waited) and the commit decision, already taken on the
         training loop's thread (under torch.distributed their collectives
         must run there, in step with the loop's own).
@@ -362,8 +384,9 @@ class Runtime:
         # uses, so it would only compete with it (the overlap's H = min(F, S - C/n) is 0).
         behind = self.attachment is not None and (self.overlap_always or streams or update.uploads is not None)
         if not behind:
-            threads = intra_op_threads(knobs.streaming_threads if streams else None)
+            threads = own_threads(knobs.streaming_threads if streams else None)
             self.run_step(update.shards, update, threads=threads, progress=progress)
+            self._step_done(update, behind=False)  # only a step that succeeded moves the counts
             return
         # Behind the loop: the update runs on the attachment's thread, in first-use order.
         order = self.attachment.order(update.shards, update.active)
@@ -371,7 +394,7 @@ class Runtime:
             # The worker's copies wait for what the loop queued so far (backward, clipping).
             update.ready = torch.cuda.Event()
             update.ready.record()
-        threads = intra_op_threads(knobs.overlap_threads)
+        threads = own_threads(knobs.overlap_threads)
         agreed = None
         if self.journal.committing and distributed.rank_and_world()[1] > 1:
             # Collectives stay on this thread, in step with the loop's own (FSDP, DDP).
@@ -383,9 +406,22 @@ class Runtime:
                 update(shard, flat)
                 done(shard.index, update.upload_event)
 
-            self.run_step(order, visit, threads=threads, progress=progress, agreed=agreed)
+            try:
+                self.run_step(order, visit, threads=threads, progress=progress, agreed=agreed)
+                self._step_done(update, behind=True)
+            except BaseException:
+                with self._count_lock:
+                    self._in_flight -= 1  # a failed step never counts
+                raise
 
-        self.attachment.submit(order, run)
+        with self._count_lock:
+            self._in_flight += 1  # counted from now (step_count right after step()), until it fails
+        try:
+            self.attachment.submit(order, run)
+        except BaseException:
+            with self._count_lock:
+                self._in_flight -= 1
+            raise
 
     def attach(
         self,
@@ -420,9 +456,22 @@ class Runtime:
             )
 
     def synchronize(self) -> None:
-        """Wait for a step running behind the training loop; raise what it raised."""
-        if self.attachment is not None:
+        """Wait for a step running behind the training loop.
+
+        Raises
+        ------
+        StepFailedError
+            If that step failed (its error chained as the cause), every time.
+        """
+        if self.attachment is None:
+            return
+        try:
             self.attachment.wait()
+        except BaseException:
+            if self.failure is None:  # not the step's failure: an interrupt while waiting, say
+                raise
+            self.require_open()  # the same StepFailedError every later call raises
+            raise
 
     def detach(self) -> None:
         """Remove the model's hooks (after the step in flight) and the gradient offload's."""

@@ -100,6 +100,8 @@ def foreach_add_(tensors: Sequence[Tensor], value: float) -> None:
 
     Falls back to a loop of ``add_`` (the same values) where the foreach op is missing.
     """
+    if not tensors:  # torch's op refuses an empty list
+        return
     add = getattr(torch, "_foreach_add_", None)
     if add is not None:
         add(list(tensors), value)

@@ -43,8 +43,10 @@ Example
 >>> update.shards
 [0]
 >>> flat = torch.zeros(2 * 1024)
->>> update.step_counts(); update(layout.shards[0], flat); round(w[0].item(), 4)
+>>> update(layout.shards[0], flat); round(w[0].item(), 4)
 0.9
+>>> update.publish_steps(state := defaultdict(dict), [w]); float(state[w]["step"])  # once the step succeeded
+1.0
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ class ActiveParam:
     staged: bool  # the gradient passes through staging before the kernel (other dtype or device; the fused
     # kernel reads dense bfloat16 CPU gradients unstaged, see ShardUpdate._cuts)
     cuda: bool  # the parameter lives on a GPU (its new value goes up)
-    step: Tensor  # the parameter's step count (torch's per-parameter state["step"])
+    step: Tensor  # the parameter's step count after this step, what the kernel reads; it becomes torch's
+    # per-parameter state["step"] only once the step succeeded (ShardUpdate.publish_steps)
     grad_cuda: bool = False  # the gradient lives on a GPU (it comes down through staging)
 
 
@@ -108,8 +111,10 @@ def gather(
     """Check ``params`` against ``layout`` and collect those with a gradient.
 
     ``grads`` replaces ``param.grad`` (by position) when gradients were moved
-    off the parameters (:mod:`tierstore.grad_offload`). A parameter taking its
-    first step gets ``state[p]["step"] = 0`` (the caller increments the counts).
+    off the parameters (:mod:`tierstore.grad_offload`). ``state`` is only
+    read: each parameter's step count after this step is a new tensor
+    (:attr:`ActiveParam.step`), which the caller publishes once the step
+    succeeded, so a step that fails leaves every count where it was.
 
     Raises
     ------
@@ -151,9 +156,8 @@ def gather(
         g = local_tensor(grad)
         if tuple(g.shape) != entry.shape:
             raise ParamsChangedError(f"the gradient of parameter {i} has shape {tuple(g.shape)}, expected {entry.shape}")
-        st = state[p]
-        if "step" not in st:
-            st["step"] = step_tensor(0)
+        st = state.get(p)
+        before = st.get("step") if st else None
         flat = g.reshape(-1)
         if not flat.is_contiguous() and flat.device.type == "cpu":
             # A strided CPU gradient (a step slice, a zero-stride expand): the kernels read dense
@@ -165,7 +169,7 @@ def gather(
             grad=flat,
             staged=local.device.type == "cuda" or g.dtype != torch.float32 or g.device.type != "cpu",
             cuda=local.device.type == "cuda",
-            step=st["step"],
+            step=step_tensor(float(before) if before is not None else 0.0).add_(1),  # fp32, as torch adds
             grad_cuda=g.device.type == "cuda",
         )
     return active
@@ -258,10 +262,22 @@ class ShardUpdate:
         self.ready: Any = None  # a CUDA event: the gradients and parameters are final (set behind the loop)
         self._constants: dict[int, bytes] = {}  # the fused kernel's constants per parameter, this step
 
-    def step_counts(self) -> None:
-        """Advance the step count of every parameter taking part (before any shard is updated)."""
-        if self.active:
-            foreach_add_([a.step for a in self.active.values()], 1)
+    def publish_steps(self, state: MutableMapping[Tensor, dict], params: Sequence[Tensor]) -> None:
+        """Make this step's counts the parameters' ``state[p]["step"]``: call once the step succeeded.
+
+        A step tensor already there is incremented in place, as torch's AdamW
+        increments its own (to the value the kernel used); a count kept as a
+        number, or none yet, becomes this step's tensor.
+        """
+        in_place = []
+        for i, a in self.active.items():
+            st = state[params[i]]
+            current = st.get("step")
+            if isinstance(current, Tensor) and current.dtype == torch.float32 and current.dim() == 0:
+                in_place.append(current)
+            else:
+                st["step"] = a.step
+        foreach_add_(in_place, 1)
 
     def __call__(self, shard: ShardSpec, flat: Tensor) -> None:
         """Update shard ``shard`` whose extent (its stored bytes, as 32-bit words) is ``flat``."""
@@ -532,17 +548,3 @@ def master_sync(
                 piece.copy_(param)
 
     return sync
-
-
-@contextlib.contextmanager
-def intra_op_threads(threads: int | None) -> Iterator[None]:
-    """Run with ``threads`` intra-op threads (``None``, or more than now: leave torch's setting alone)."""
-    before = torch.get_num_threads()
-    if threads is None or threads >= before:
-        yield
-        return
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)

@@ -1,4 +1,4 @@
-"""A process-wide pool of single-threaded torch workers, for work cut into cache-sized chunks.
+"""Threads of tierstore's own: a pool of single-threaded torch workers, and a thread's own intra-op count.
 
 The moment codecs and the per-shard update of compressed formats cut a shard
 into chunks of a few hundred thousand elements and run several torch ops on
@@ -12,6 +12,16 @@ taking chunks (torch ops release the GIL).
 Why a pool per thread count, kept for the process: starting threads per
 shard costs more than the work on a small shard.
 
+Why never ``torch.set_num_threads``: it is process-wide. Measured on torch
+2.13 (OpenMP build): called from any thread, it stores the count every
+thread takes when it first runs a parallel op, so threads started later (a
+DataLoader's, the user's) and a main thread that has not run one yet get it;
+only a thread that already ran one keeps its own. tierstore therefore sets
+the OpenMP team size of its own threads only (:func:`own_threads`, with
+``omp_set_num_threads``, which is per thread) and never touches the user's
+setting, not even for a moment. Where the OpenMP runtime cannot be reached
+(a torch built without OpenMP), the threads run with torch's setting.
+
 Example
 -------
 >>> out = []
@@ -21,19 +31,29 @@ Example
 >>> run_each([10, 20, 30], lambda worker, item: out.append(item), threads=2)
 >>> sorted(out)
 [1, 2, 10, 20, 30]
+>>> import torch
+>>> with own_threads(1):
+...     inside = torch.get_num_threads()
+>>> inside
+1
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
 from .errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -54,29 +74,78 @@ def check_threads(threads: object, *, name: str = "threads") -> int:
     return threads
 
 
-def _single_threaded() -> None:
-    """Worker initializer: torch ops in this thread use one intra-op thread.
+_OMP: dict[str, Any] = {}  # "set": omp_set_num_threads of the OpenMP runtime torch uses (None: not found)
 
-    ``torch.set_num_threads`` sets this thread's OpenMP team size and also the
-    process default that threads started later copy; the creating thread puts
-    that default back (:func:`_pool`), so only the workers run single-threaded.
+
+def _omp_set_num_threads() -> Any:
+    """``omp_set_num_threads`` of the OpenMP runtime torch runs on, or None (looked up once)."""
+    if "set" not in _OMP:
+        found = None
+        try:
+            found = ctypes.CDLL(None).omp_set_num_threads  # torch loads its OpenMP runtime globally
+        except (OSError, AttributeError):
+            try:
+                with open("/proc/self/maps") as maps:
+                    paths = {line.split()[-1] for line in maps if "omp" in line.rsplit("/", 1)[-1]}
+                for path in sorted(p for p in paths if ".so" in p):
+                    found = getattr(ctypes.CDLL(path), "omp_set_num_threads", None)
+                    if found is not None:
+                        break
+            except OSError:
+                found = None
+        if found is not None:
+            found.argtypes, found.restype = [ctypes.c_int], None
+        else:
+            log.debug("tierstore: no OpenMP runtime found; its threads keep torch's intra-op setting")
+        _OMP["set"] = found
+    return _OMP["set"]
+
+
+def set_own_threads(threads: int) -> bool:
+    """Give the calling thread ``threads`` intra-op threads, leaving every other thread's setting alone.
+
+    Returns whether it took effect (False without a reachable OpenMP runtime).
     """
-    torch.get_num_threads()  # torch's per-thread lazy setup first, so it cannot undo ours
-    torch.set_num_threads(1)
+    # torch copies its process-wide count into a thread on the thread's first parallel op (or
+    # get_num_threads); let that happen first, or it would undo ours later.
+    if torch.get_num_threads() == threads:
+        return True
+    omp_set = _omp_set_num_threads()
+    if omp_set is None:
+        return False
+    omp_set(int(threads))
+    return torch.get_num_threads() == threads
+
+
+@contextlib.contextmanager
+def own_threads(threads: int | None) -> Iterator[None]:
+    """Run the body with at most ``threads`` intra-op threads on this thread only (``None``: as it is).
+
+    Only lowers: more threads than the thread has leave it alone. Never
+    changes torch's process-wide setting (see the module docs).
+    """
+    before = torch.get_num_threads()
+    if threads is None or threads >= before:
+        yield
+        return
+    changed = set_own_threads(threads)
+    try:
+        yield
+    finally:
+        if changed:
+            set_own_threads(before)
+
+
+def _single_threaded() -> None:
+    """Worker initializer: torch ops in this thread use one intra-op thread (this thread's setting only)."""
+    set_own_threads(1)
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:
     with _LOCK:
         pool = _POOLS.get(threads)
         if pool is None:
-            before = torch.get_num_threads()
             pool = ThreadPoolExecutor(threads, thread_name_prefix="tierstore-worker", initializer=_single_threaded)
-            # Start every worker now (they run the initializer), then restore the
-            # process default that the initializer changed.
-            barrier = threading.Barrier(threads)
-            for future in [pool.submit(barrier.wait) for _ in range(threads)]:
-                future.result()
-            torch.set_num_threads(before)
             _POOLS[threads] = pool
         return pool
 
