@@ -414,15 +414,26 @@ BAD_CLI = [
 @pytest.mark.parametrize(("argv", "message"), BAD_CLI)
 def test_cli_bad_inputs(capsys, argv, message) -> None:
     rc, out, err = _run(capsys, "--host-ram", "512GiB", *argv) if "--host-ram" not in argv else _run(capsys, *argv)
-    assert rc == 1 and out == ""
+    assert rc == 2 and out == ""  # a value or --model that cannot be used: a usage error (cli.EXIT_USAGE)
     assert err.startswith("tierstore: error:") and message in err, err
 
 
-def test_cli_bad_io_json(capsys, tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"not json", "is not JSON"),
+        (b"\xff\xfe{}", "is not JSON"),  # not UTF-8: a UnicodeDecodeError, not a JSONDecodeError
+        (b"[" * 100_000, "is not JSON"),  # nested past the recursion limit
+        (b'{"summary": {"best_read_GBps": true}}', "is not a number"),  # a bool is not a speed
+        (b'{"summary": {"best_read_GBps": 1' + b"0" * 400 + b"}}", "is not a number"),  # float() overflows
+    ],
+    ids=["not-json", "not-utf8", "too-deep", "bool", "huge-int"],
+)
+def test_cli_bad_io_json(capsys, tmp_path, content: bytes, message: str) -> None:
     io = tmp_path / "io.json"
-    io.write_text("not json")
+    io.write_bytes(content)
     rc, _, err = _run(capsys, "--params", "7B", "--host-ram", "512GiB", "--io-json", str(io))
-    assert rc == 1 and "is not JSON" in err
+    assert rc == 2 and message in err and "Traceback" not in err
 
 
 def test_cli_needs_params_or_model(capsys) -> None:

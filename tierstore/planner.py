@@ -297,8 +297,10 @@ def _rate(value: float | str | None, name: str) -> float | None:
     if value is None:
         return None
     try:
+        if isinstance(value, bool):  # a JSON true is not a speed
+            raise TypeError(value)
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{name}={value!r} is not a number; give a speed such as 2.5") from None
     if not math.isfinite(number) or number <= 0:
         raise ConfigError(f"{name}={value!r} must be a finite number > 0, e.g. 2.5")
@@ -326,7 +328,7 @@ def read_io_json(path: str | Path) -> dict[str, float | None]:
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(
             f"io json file {str(path)!r} does not exist; write one with "
@@ -336,7 +338,7 @@ def read_io_json(path: str | Path) -> dict[str, float | None]:
         raise ConfigError(f"io json file {str(path)!r} cannot be read: {exc}") from None
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting too deep
         raise ConfigError(
             f"io json file {str(path)!r} is not JSON ({exc}); it should be the output of `tierstore bench io --json`"
         ) from None
