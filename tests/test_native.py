@@ -157,9 +157,39 @@ def test_a_failed_int8_codec_check_leaves_the_bfloat16_update_in_use(fresh, monk
     assert fused_update.kernel("bfloat16") is not None, fused_update.status("bfloat16")
 
 
+@pytest.fixture(scope="module")
+def prebuilt(tmp_path_factory) -> Path:
+    """One real build of the current source for the module's tests (compiling takes seconds)."""
+    if not HAVE_CC:
+        pytest.skip("no C compiler on this machine")
+    out = tmp_path_factory.mktemp("prebuilt") / "kernel.so"
+    cc = native._compiler()
+    subprocess.run([*cc, *native.FLAGS, f'-DTS_SOURCE_HASH="{native.source_hash(native._source())}"', "-o", str(out),
+                    str(Path(native.__file__).with_name("codec_kernel.c")), *native.LIBS], check=True, timeout=120)
+    return out
+
+
+@pytest.fixture
+def copying_cc(prebuilt, fresh, monkeypatch) -> Path:
+    """TIERSTORE_CC set to a 'compiler' that copies the prebuilt library to its ``-o`` (for tests of what
+    is loaded from where, not of compiling); each run appends a line to ``fresh / "compiles.log"``."""
+    cc = fresh / "copying-cc"
+    cc.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        if [ "$1" = --version ]; then echo copying-cc 1.0; exit 0; fi
+        echo "$$" >> {fresh / "compiles.log"}
+        sleep "${{COPY_CC_SLEEP:-0}}"
+        while [ $# -gt 0 ]; do if [ "$1" = -o ]; then cp {prebuilt} "$2"; exit 0; fi; shift; done
+        exit 1
+        """))
+    cc.chmod(0o755)
+    monkeypatch.setenv("TIERSTORE_CC", str(cc))
+    return cc
+
+
 def _planted_library(fresh: Path) -> tuple[Path, Path]:
     """The path the first-use build of the current source would load, holding a copy of a good build."""
-    built = native._compile(native._compiler(), native._source())
+    built = native._compile(native._compiler(), native._source())  # through the copying compiler
     good = fresh / "good.so"
     shutil.copy(built, good)
     shutil.rmtree(fresh / "cache")
@@ -169,7 +199,7 @@ def _planted_library(fresh: Path) -> tuple[Path, Path]:
 
 @pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
 @pytest.mark.parametrize("how", ["group-writable", "symlink", "other owner", "directory"])
-def test_a_planted_library_is_never_loaded(fresh, monkeypatch, caplog, how):
+def test_a_planted_library_is_never_loaded(fresh, copying_cc, monkeypatch, caplog, how):
     good, target = _planted_library(fresh)
     elsewhere = fresh / "elsewhere.so"
     shutil.copy(good, elsewhere)
@@ -204,7 +234,7 @@ def test_a_planted_library_is_never_loaded(fresh, monkeypatch, caplog, how):
 
 @pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
 @pytest.mark.parametrize("how", ["group-writable", "other owner", "symlink"])
-def test_an_unsafe_cache_directory_is_not_used(fresh, monkeypatch, caplog, how):
+def test_an_unsafe_cache_directory_is_not_used(fresh, copying_cc, monkeypatch, caplog, how):
     cache = fresh / "cache"
     if how == "symlink":
         (fresh / "real").mkdir(mode=0o700)
@@ -229,24 +259,17 @@ def test_an_unsafe_cache_directory_is_not_used(fresh, monkeypatch, caplog, how):
 
 
 @pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
-def test_two_processes_starting_at_once_build_once(fresh):
-    """TIERSTORE_CC names the compiler (a wrapper that logs each compile); the build lock lets one build."""
-    log_file = fresh / "compiles.log"
-    cc = fresh / "logging-cc"
-    cc.write_text(textwrap.dedent(f"""\
-        #!/bin/sh
-        if [ "$1" != --version ]; then echo "$$" >> {log_file}; sleep 1; fi
-        exec {native._compiler()[0]} "$@"
-        """))
-    cc.chmod(0o755)
-    env = {**os.environ, "TIERSTORE_CC": str(cc), "TIERSTORE_CACHE_DIR": str(fresh / "cache")}
+def test_two_processes_starting_at_once_build_once(fresh, copying_cc):
+    """TIERSTORE_CC names the compiler (here one that logs each build and takes a second); the build lock
+    lets one process build while the other waits, then finds that build."""
+    env = {**os.environ, "TIERSTORE_CACHE_DIR": str(fresh / "cache"), "COPY_CC_SLEEP": "1"}
     code = ("from tierstore import native; native.installed_path = lambda: None; "
             "k = native.library(); print(k is not None, k.path if k else native.status())")
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=120)[0].split() for p in procs]
     assert all(o[0] == "True" for o in outs), outs
     assert outs[0][1] == outs[1][1], "both loaded the same library"
-    assert len(log_file.read_text().split()) == 1, "the kernel was compiled more than once"
+    assert len((fresh / "compiles.log").read_text().split()) == 1, "the kernel was built more than once"
 
 
 def test_tierstore_cc_that_is_not_found_is_reported_not_replaced(fresh, monkeypatch):
@@ -260,8 +283,8 @@ def test_tierstore_cc_that_is_not_found_is_reported_not_replaced(fresh, monkeypa
 
 
 @pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
-def test_the_library_built_at_install_is_used_and_a_stale_one_is_not(fresh, monkeypatch):
-    good = native._compile(native._compiler(), native._source())
+def test_the_library_built_at_install_is_used_and_a_stale_one_is_not(fresh, prebuilt, monkeypatch):
+    good = prebuilt
     stale = native._compile(native._compiler(), native._source() + b"\n/* another version */\n")
     (fresh / "pkg").mkdir()
     installed = {}
@@ -277,6 +300,10 @@ def test_the_library_built_at_install_is_used_and_a_stale_one_is_not(fresh, monk
     assert not (fresh / "cache").exists(), "nothing was built"
     # A library from another version of the source (an in-place build left from an older checkout),
     # and a group-writable one: neither is loaded, the first-use build runs instead.
+    monkeypatch.setenv("TIERSTORE_CC", str(fresh / "copying-cc"))  # the fallback build: a copy of `good`
+    (fresh / "copying-cc").write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && exit 0\n"
+                                      f"while [ $# -gt 1 ]; do [ \"$1\" = -o ] && exec cp {good} \"$2\"; shift; done\n")
+    (fresh / "copying-cc").chmod(0o755)
     for name in ("stale", "writable"):
         monkeypatch.setattr(native, "installed_path", lambda n=name: installed[n])
         native.reset()
@@ -286,13 +313,17 @@ def test_the_library_built_at_install_is_used_and_a_stale_one_is_not(fresh, monk
 
 def test_nothing_is_built_on_import_help_or_version(tmp_path):
     env = {**os.environ, "TIERSTORE_CACHE_DIR": str(tmp_path / "cache")}
-    code = ("import tierstore, sys; from tierstore import native, fused_update; "
-            "assert native.status() == 'undecided', native.status(); "
-            "assert fused_update.status(decide=False) == 'undecided'")
+    code = textwrap.dedent("""
+        import contextlib, io, tierstore
+        from tierstore import cli, fused_update, native
+        assert native.status() == "undecided", native.status()
+        assert fused_update.status(decide=False) == "undecided"
+        for args in (["--version"], ["--help"], ["inspect", "--help"], ["verify", "--help"]):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+                cli.main(args)
+        assert native.status() == "undecided", native.status()
+        """)
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
-    for args in (["--version"], ["--help"], ["inspect", "--help"]):
-        subprocess.run([sys.executable, "-m", "tierstore.cli", *args], env=env, check=True, timeout=120,
-                       capture_output=True)
     assert not (tmp_path / "cache").exists()
 
 
