@@ -53,6 +53,14 @@ from .store import STATE_FILES
 READ_BACKENDS = ("direct", "buffered")
 
 
+def _uncommitted(index: int, path: object) -> str:
+    return (
+        f"shard {index} has no committed checksum in {path}/{MANIFEST} (shards[{index}].checksum is null): "
+        "it was never written, so the state is incomplete and its bytes cannot be verified. Restore the "
+        "state directory from a checkpoint"
+    )
+
+
 @dataclass(frozen=True)
 class Problem:
     """One finding of :meth:`StateReader.verify`."""
@@ -197,7 +205,7 @@ class StateReader:
         """
         rec = self.records[index]
         if rec["checksum"] is None:
-            raise CorruptStateError(f"shard {index} was never written to {self.path}; the state is incomplete")
+            raise CorruptStateError(_uncommitted(index, self.path))
         flat, got, offset, nbytes = self._read(index, rec["copy"])
         if got != rec["checksum"]:
             raise checksum_mismatch(index, self.path / STATE_FILES[rec["copy"]], offset, nbytes, rec["checksum"], got)
@@ -293,6 +301,9 @@ class StateReader:
         """
         problems = []
         for shard in self.layout.shards:
+            if self.clean and self.records[shard.index]["checksum"] is None:
+                name = str(self.path / STATE_FILES[self.records[shard.index]["copy"]])
+                problems.append(Problem(shard.index, name, self._offset(shard.index), self.layout.shard_nbytes(shard), _uncommitted(shard.index, self.path), "error"))
             for copy, expected, severity in self._checks(shard):
                 name = str(self.path / STATE_FILES[copy])
                 try:

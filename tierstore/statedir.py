@@ -91,6 +91,7 @@ _HOLDER_TMP = (".lock-", ".tmp")  # a holder record being written: prefix and su
 #: The names tierstore writes in a state directory; anything else makes it foreign.
 OWN_NAMES = frozenset({MANIFEST, MANIFEST_TMP, LOCK, INFLIGHT, *STATE_FILES})
 HARMLESS_NAMES = frozenset({"lost+found"})  # a filesystem's root: a drive given whole
+_OPEN_ATTEMPTS = 5  # opens of a directory removed under us before giving up
 
 
 def state_dir_path(value: Any, *, name: str = "state_dir") -> Path | None:
@@ -177,11 +178,25 @@ class StateDir:
         if self.path is None:
             self.path = Path(tempfile.mkdtemp(prefix="tierstore-"))
         path = self.path
-        if create:
-            self._make(path)
-        fd = self._open_dir(path)
+        for _ in range(_OPEN_ATTEMPTS):
+            if create:
+                self._make(path)
+            fd = self._open_dir(path)
+            try:
+                self._lock(fd, path)
+            except BaseException:
+                os.close(fd)  # not ours: never remove a directory another opener may hold
+                self._created_dir = False
+                raise
+            if os.fstat(fd).st_nlink > 0:
+                break
+            # Removed between our open and our lock (a failed opener cleaning up what it made):
+            # a lock on a deleted directory guards nothing. Open the path afresh.
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+        else:
+            raise StateDirError(f"state_dir={str(path)!r} keeps being removed while it is opened; retry")
         try:
-            self._lock(fd, path)
             holder = self._write_holder_tmp(fd, path)
             try:
                 if not self.private:
@@ -206,14 +221,15 @@ class StateDir:
         return self
 
     def _abandon(self, fd: int) -> None:
-        """Undo a failed open: unlock, close, remove the directory if this open made it (and it is empty)."""
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        """Undo a failed open while holding the lock: remove the directory if this open made it
+        (and it is empty), then unlock and close."""
         if self._created_dir and self.path is not None:
             with contextlib.suppress(OSError):
                 self.path.rmdir()
             self._created_dir = False
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
     def _make(self, path: Path) -> None:
         self._created_dir = not path.exists()

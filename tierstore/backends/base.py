@@ -246,6 +246,8 @@ def open_fd(
         access = os.O_RDWR
     try:
         fd = open_regular(path, access | flags, dir_fd=dir_fd)
+    except TierstoreError:
+        raise
     except FileNotFoundError:
         raise CorruptStateError(
             f"state file {path} is missing; the state directory is incomplete: restore it "

@@ -1,0 +1,438 @@
+"""Hostile state directories: every planted file, crafted manifest and bad argument ends in a
+tierstore error (or a correct result), never a hang, a write outside the directory, or bytes
+no checksum vouches for.
+
+One table, :data:`CASES`: what is done to a committed directory, and what each way of using it
+must then do (resume it with an optimizer and step; read it offline with ``StateReader``). Every
+case runs under a 10 s alarm, with a sentinel file outside the directory that a planted link
+points at: it must be unchanged afterwards, and nothing may appear beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tierstore import (
+    CorruptStateError,
+    FormatVersionError,
+    StateDirError,
+    TieredAdamW,
+    TierstoreError,
+)
+from tierstore.errors import ConfigError, ConfigTypeError, NoStateError, NotStateDirError
+from tierstore.reader import StateReader
+from tierstore.statedir import MAX_MANIFEST_BYTES, _manifest_checksum
+
+KW = dict(shard_numel=1024, ram_budget="40KiB", backend="buffered", lr=1e-2)
+SENTINEL = b"outside the state directory: never written\n"
+
+
+def _params() -> list[nn.Parameter]:
+    g = torch.Generator().manual_seed(0)
+    return [nn.Parameter(torch.randn(6000, generator=g)), nn.Parameter(torch.randn(7, 3, generator=g))]
+
+
+def _step(opt: TieredAdamW, params: list[nn.Parameter]) -> None:
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+
+
+@contextlib.contextmanager
+def deadline(seconds: int = 10) -> Iterator[None]:
+    """Raise TimeoutError in the main thread after ``seconds`` (a blocked open or read is interrupted)."""
+
+    def expired(signum, frame):
+        raise TimeoutError(f"hung for more than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(scope="module")
+def committed(tmp_path_factory) -> Path:
+    """A durable state directory after two steps, with disk shards (copied per test)."""
+    d = tmp_path_factory.mktemp("committed") / "state"
+    params = _params()
+    with TieredAdamW(params, state_dir=d, **KW) as opt:
+        assert opt.plan.disk_shards
+        _step(opt, params)
+        _step(opt, params)
+    return d
+
+
+@dataclass
+class Place:
+    """A test's copy of the committed directory, and the outside world a link may point at."""
+
+    state: Path
+    outside: Path
+
+    @property
+    def sentinel(self) -> Path:
+        return self.outside / "sentinel.bin"
+
+
+@pytest.fixture
+def place(committed: Path, tmp_path: Path) -> Place:
+    state = tmp_path / "state"
+    shutil.copytree(committed, state)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "sentinel.bin").write_bytes(SENTINEL * 4096)  # as large as a state file may want
+    return Place(state, outside)
+
+
+# -- what is done to the directory ----------------------------------------------------------
+
+
+def _link(name: str, to: str = "sentinel") -> Callable[[Place], None]:
+    def plant(p: Place) -> None:
+        target = p.sentinel if to == "sentinel" else Path(to)
+        (p.state / name).unlink(missing_ok=True)
+        os.symlink(target, p.state / name)
+
+    return plant
+
+
+def _fifo(name: str) -> Callable[[Place], None]:
+    def plant(p: Place) -> None:
+        (p.state / name).unlink(missing_ok=True)
+        os.mkfifo(p.state / name)
+
+    return plant
+
+
+def _directory(name: str) -> Callable[[Place], None]:
+    def plant(p: Place) -> None:
+        (p.state / name).unlink(missing_ok=True)
+        (p.state / name).mkdir()
+        (p.state / name / "x").write_bytes(b"x")
+
+    return plant
+
+
+def _manifest(edit: Callable[[dict], object], *, checksum: bool = True) -> Callable[[Place], None]:
+    """Rewrite the manifest through ``edit`` (in place), with a matching checksum: a crafted one."""
+
+    def plant(p: Place) -> None:
+        path = p.state / "manifest.json"
+        data = json.loads(path.read_bytes())
+        edit(data)
+        if checksum:
+            data["manifest_checksum"] = _manifest_checksum(data)
+        path.write_text(json.dumps(data))
+
+    return plant
+
+
+def _raw_manifest(make: Callable[[bytes], bytes]) -> Callable[[Place], None]:
+    def plant(p: Place) -> None:
+        path = p.state / "manifest.json"
+        path.write_bytes(make(path.read_bytes()))
+
+    return plant
+
+
+def _huge_manifest(p: Place) -> None:
+    with open(p.state / "manifest.json", "r+b") as f:
+        f.truncate(MAX_MANIFEST_BYTES + (16 << 20))  # sparse: costs no disk, must cost no RAM
+
+
+def _set(*keys: object, value: object) -> Callable[[dict], None]:
+    def edit(data: dict) -> None:
+        target = data
+        for key in keys[:-1]:
+            target = target[key]
+        target[keys[-1]] = value
+
+    return edit
+
+
+def _drop(*keys: object) -> Callable[[dict], None]:
+    def edit(data: dict) -> None:
+        target = data
+        for key in keys[:-1]:
+            target = target[key]
+        del target[keys[-1]]
+
+    return edit
+
+
+# -- the table -------------------------------------------------------------------------------
+
+OK = None  # a correct result: resumed at step 2, stepped, closed; nothing outside touched
+
+
+@dataclass(frozen=True)
+class Case:
+    plant: Callable[[Place], None]
+    resume: type[BaseException] | None  # what resuming (and one step, and close) raises
+    read: type[BaseException] | None | str  # StateReader + verify + param_state; "problem": verify reports it
+    says: tuple[str, ...] = ()  # in the message (resume's, else read's)
+
+
+C, V = CorruptStateError, FormatVersionError
+CASES: dict[str, Case] = {
+    # planted links, for every name tierstore reads or writes
+    "link-manifest": Case(_link("manifest.json"), C, C, ("manifest.json", "symbolic link")),
+    "link-manifest-to-dev-zero": Case(_link("manifest.json", "/dev/zero"), C, C, ("symbolic link",)),
+    "link-shards0": Case(_link("shards.0.bin"), C, "problem", ("shards.0.bin", "symbolic link")),
+    "link-shards1": Case(_link("shards.1.bin"), C, "problem", ("shards.1.bin", "symbolic link")),
+    "link-shards0-to-dev-zero": Case(_link("shards.0.bin", "/dev/zero"), C, "problem", ("symbolic link",)),
+    "link-manifest-tmp": Case(_link(".manifest.json.tmp"), OK, OK),
+    "dangling-link-manifest-tmp": Case(_link(".manifest.json.tmp", "/nonexistent/tierstore"), OK, OK),
+    "link-lock": Case(_link(".lock"), OK, OK),
+    "link-inflight": Case(_link(".inflight"), StateDirError, OK, (".inflight", "symbolic link")),
+    # FIFOs and directories in a file's place: refused at once, never waited on
+    "fifo-manifest": Case(_fifo("manifest.json"), C, C, ("manifest.json", "FIFO")),
+    "fifo-shards0": Case(_fifo("shards.0.bin"), C, "problem", ("shards.0.bin", "FIFO")),
+    "fifo-shards1": Case(_fifo("shards.1.bin"), C, "problem", ("shards.1.bin", "FIFO")),
+    "fifo-lock": Case(_fifo(".lock"), OK, OK),
+    "fifo-inflight": Case(_fifo(".inflight"), StateDirError, OK, (".inflight", "FIFO")),
+    "fifo-manifest-tmp": Case(_fifo(".manifest.json.tmp"), OK, OK),
+    "dir-manifest": Case(_directory("manifest.json"), C, C, ("manifest.json", "directory")),
+    "dir-shards0": Case(_directory("shards.0.bin"), C, "problem", ("shards.0.bin", "directory")),
+    # manifests: truncated, huge, not JSON, deeply nested
+    "truncated-manifest": Case(_raw_manifest(lambda b: b[: len(b) // 2]), C, C, ("not valid JSON",)),
+    "empty-manifest": Case(_raw_manifest(lambda b: b""), C, C, ("not valid JSON",)),
+    "huge-manifest": Case(_huge_manifest, C, C, ("256 MiB",)),
+    "nested-manifest": Case(_raw_manifest(lambda b: b"[" * 200_000 + b"]" * 200_000), C, C, ("not valid JSON",)),
+    "binary-manifest": Case(_raw_manifest(lambda b: bytes(range(256)) * 4), C, C, ("not valid JSON",)),
+    "manifest-not-an-object": Case(_raw_manifest(lambda b: b"[1, 2]"), C, C, ("not a tierstore manifest",)),
+    "edited-without-checksum": Case(_manifest(_set("step_count", value=3), checksum=False), C, C, ("checksum",)),
+    "newer-format": Case(_manifest(_set("format_version", value=2)), V, V, ("format_version 2", "Upgrade")),
+    "format-version-true": Case(_manifest(_set("format_version", value=True)), V, V, ("format_version True",)),
+    # crafted manifests with a valid checksum: every field checked
+    "negative-step": Case(_manifest(_set("step_count", value=-1)), C, C, ("step_count=-1",)),
+    "nan-step": Case(_manifest(_set("step_count", value=math.nan)), C, C, ("step_count=nan",)),
+    "float-step": Case(_manifest(_set("step_count", value=2.5)), C, C, ("step_count=2.5",)),
+    "integral-float-step": Case(_manifest(_set("step_count", value=2.0)), C, C, ("step_count=2.0",)),
+    "bool-step": Case(_manifest(_set("step_count", value=True)), C, C, ("step_count=True",)),
+    "huge-step": Case(_manifest(_set("step_count", value=10**400)), C, C, ("step_count=1000",)),
+    "infinite-step": Case(_manifest(_set("step_count", value=math.inf)), C, C, ("step_count=inf",)),
+    "string-step": Case(_manifest(_set("step_count", value="2")), C, C, ("step_count='2'",)),
+    "missing-step": Case(_manifest(_drop("step_count")), C, C, ("'step_count'",)),
+    "negative-param-step": Case(_manifest(_set("param_steps", 0, value=-3.0)), C, C, ("param_steps[0]=-3.0",)),
+    "nan-param-step": Case(_manifest(_set("param_steps", 1, value=math.nan)), C, C, ("param_steps[1]=nan",)),
+    "fractional-param-step": Case(_manifest(_set("param_steps", 0, value=1.5)), C, C, ("param_steps[0]=1.5",)),
+    "param-steps-too-short": Case(_manifest(_set("param_steps", value=[2.0])), C, C, ("1 entries in param_steps",)),
+    "param-steps-not-a-list": Case(_manifest(_set("param_steps", value={"0": 2})), C, C, ("param_steps=",)),
+    "negative-lr": Case(_manifest(_set("param_groups", 0, "lr", value=-0.01)), C, C, ("lr", "-0.01")),
+    "nan-lr": Case(_manifest(_set("param_groups", 0, "lr", value=math.nan)), C, C, ("lr", "nan")),
+    "string-lr": Case(_manifest(_set("param_groups", 0, "lr", value="0.1")), C, C, ("lr='0.1'",)),
+    "huge-int-lr": Case(_manifest(_set("param_groups", 0, "lr", value=10**400)), C, C, ("lr=1000",)),
+    "beta-one": Case(_manifest(_set("param_groups", 0, "betas", value=[0.9, 1.0])), C, C, ("beta", "1.0")),
+    "three-betas": Case(_manifest(_set("param_groups", 0, "betas", value=[0.9, 0.99, 0.5])), C, C, ("betas=",)),
+    "negative-eps": Case(_manifest(_set("param_groups", 0, "eps", value=-1e-8)), C, C, ("epsilon", "-1e-08")),
+    "negative-weight-decay": Case(_manifest(_set("param_groups", 0, "weight_decay", value=-1)), C, C, ("weight_decay",)),
+    "amsgrad-string": Case(_manifest(_set("param_groups", 0, "amsgrad", value="no")), C, C, ("amsgrad='no'",)),
+    "missing-lr": Case(_manifest(_drop("param_groups", 0, "lr")), C, C, ("'param_groups[0].lr'",)),
+    "no-groups": Case(_manifest(_set("param_groups", value=[])), C, C, ("0 param groups",)),
+    "shard-copy-2": Case(_manifest(_set("shards", 0, "copy", value=2)), C, C, ("shards[0].copy=2",)),
+    "shard-copy-negative": Case(_manifest(_set("shards", 1, "copy", value=-1)), C, C, ("shards[1].copy=-1",)),
+    "shard-copy-bool": Case(_manifest(_set("shards", 0, "copy", value=True)), C, C, ("shards[0].copy=True",)),
+    "shard-checksum-not-hex": Case(_manifest(_set("shards", 0, "checksum", value="../../etc")), C, C, ("checksum",)),
+    "shard-checksum-int": Case(_manifest(_set("shards", 0, "checksum", value=12)), C, C, ("shards[0].checksum=12",)),
+    "shard-without-checksum": Case(_manifest(_set("shards", 2, "checksum", value=None)), C, "problem", ("shards[2].checksum",)),
+    "shard-written-later": Case(_manifest(_set("shards", 0, "written_step", value=99)), C, C, ("written_step=99",)),
+    "shard-record-missing": Case(_manifest(lambda d: d["shards"].pop()), C, C, ("entries in shards",)),
+    "shard-record-not-object": Case(_manifest(_set("shards", 0, value=[0, "x"])), C, C, ("shards[0]=",)),
+    "no-shards-key": Case(_manifest(_drop("shards")), C, C, ("'shards'",)),
+    "layout-not-object": Case(_manifest(_set("layout", value=[1])), C, C, ("layout=[1]",)),
+    "layout-unreadable": Case(_manifest(_set("layout", value={"x": 1})), C, C, ("no readable layout",)),
+    "fingerprint-mismatch": Case(_manifest(_set("fingerprint", value="0" * 32)), C, C, ("fingerprint",)),
+    "previous-ahead": Case(_manifest(_set("previous", "step_count", value=5)), C, C, ("previous.step_count=5",)),
+    "previous-bad-lr": Case(_manifest(_set("previous", "param_groups", 0, "lr", value=-1.0)), C, C, ("lr", "-1.0")),
+    "previous-not-object": Case(_manifest(_set("previous", value="x")), C, C, ("previous='x'",)),
+    "durable-string": Case(_manifest(_set("durable", value="yes")), C, C, ("durable='yes'",)),
+    "ram-budget-negative": Case(_manifest(_set("ram_budget", value=-5)), C, C, ("ram_budget=-5",)),
+    "committed-at-nan": Case(_manifest(_set("committed_at", value=math.nan)), C, C, ("committed_at=nan",)),
+    "backend-huge": Case(_manifest(_set("backend", value="x" * 100_000)), C, C, ("backend=",)),
+    "user-key-kept": Case(_manifest(_set("param_groups", 0, "my_note", value={"any": [1, 2]})), OK, OK),
+    # files tierstore did not write
+    "foreign-file": Case(lambda p: (p.state / "notes.txt").write_text("mine"), NotStateDirError, OK, ("notes.txt",)),
+    "foreign-dir": Case(lambda p: (p.state / "rank0").mkdir(), NotStateDirError, OK, ("rank0",)),
+}
+
+
+def _resume(p: Place) -> None:
+    params = _params()
+    with TieredAdamW(params, state_dir=p.state, resume=True, **KW) as opt:
+        assert opt.step_count == 2
+        _step(opt, params)
+        opt.commit()
+
+
+def _read(p: Place) -> list:
+    with StateReader(p.state) as reader:
+        problems = reader.verify()
+        if not problems:
+            for i in range(len(reader.layout.params)):
+                for t in reader.param_state(i).values():
+                    assert bool(torch.isfinite(t).all())
+        return problems
+
+
+def _outside_untouched(p: Place) -> None:
+    assert sorted(os.listdir(p.outside)) == ["sentinel.bin"], "something was written outside the state directory"
+    assert p.sentinel.read_bytes() == SENTINEL * 4096, "a planted link was written through"
+
+
+def _message_has(exc: BaseException, says: tuple[str, ...]) -> None:
+    message = str(exc)
+    for part in says:
+        assert part in message, f"{part!r} not in {message!r}"
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_hostile_directory_resumed(place: Place, name: str) -> None:
+    case = CASES[name]
+    case.plant(place)
+    with deadline():
+        if case.resume is None:
+            _resume(place)
+        else:
+            with pytest.raises(case.resume) as info:
+                _resume(place)
+            assert isinstance(info.value, TierstoreError)
+            _message_has(info.value, case.says)
+            assert str(place.state) in str(info.value) or "manifest" in str(info.value)
+    _outside_untouched(place)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_hostile_directory_read_offline(place: Place, name: str) -> None:
+    case = CASES[name]
+    case.plant(place)
+    with deadline():
+        if case.read is None:
+            assert _read(place) == []
+        elif case.read == "problem":
+            problems = _read(place)  # verify names the damaged copy instead of raising
+            assert problems and all(p.severity in ("error", "warning") for p in problems)
+            assert any(all(part in p.what or part in p.file for part in case.says) for p in problems), problems
+        else:
+            with pytest.raises(case.read) as info:
+                _read(place)
+            if case.resume is not None:
+                _message_has(info.value, case.says)
+    _outside_untouched(place)
+
+
+# -- arguments -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, error, says",
+    [
+        (42, ConfigTypeError, ["state_dir=42", "int", "os.PathLike"]),
+        (["a", "b"], ConfigTypeError, ["state_dir=['a', 'b']", "list"]),
+        (b"/tmp/x", ConfigTypeError, ["state_dir=b'/tmp/x'", "bytes"]),
+        (3.5, ConfigTypeError, ["state_dir=3.5"]),
+        ("", ConfigError, ["state_dir=''", "current directory"]),
+        ("bad\0name", ConfigError, ["NUL"]),
+    ],
+    ids=["int", "list", "bytes", "float", "empty", "nul"],
+)
+def test_state_dir_must_be_a_path(tmp_path: Path, monkeypatch, value, error, says) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(error) as info:
+        TieredAdamW(_params(), state_dir=value, **KW)
+    _message_has(info.value, tuple(says))
+    assert list(tmp_path.iterdir()) == [], "a refused state_dir created something in the current directory"
+
+
+def test_state_dir_may_be_a_path_like(tmp_path: Path) -> None:
+    class Where(os.PathLike):
+        def __fspath__(self) -> str:
+            return str(tmp_path / "s")
+
+    params = _params()
+    with TieredAdamW(params, state_dir=Where(), **KW) as opt:
+        _step(opt, params)
+    with TieredAdamW(_params(), state_dir=tmp_path / "s", resume=True, **KW) as again:
+        assert again.step_count == 1
+
+
+def test_a_symlinked_state_dir_is_followed_once(tmp_path: Path) -> None:
+    """The user may name the directory through a link: it is opened once, then worked through its descriptor."""
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    params = _params()
+    with TieredAdamW(params, state_dir=tmp_path / "link", **KW) as opt:
+        _step(opt, params)
+        os.rename(tmp_path / "link", tmp_path / "moved-link")  # the path goes away; the descriptor stays
+        (tmp_path / "decoy").mkdir()
+        os.symlink(tmp_path / "decoy", tmp_path / "link")  # ... and now names another directory
+        _step(opt, params)
+        opt.commit()
+    assert sorted(os.listdir(tmp_path / "decoy")) == []
+    assert "manifest.json" in os.listdir(tmp_path / "real")
+    with StateReader(tmp_path / "real") as reader:
+        assert reader.step_count == 2
+
+
+def test_a_foreign_directory_is_refused_and_left_untouched(tmp_path: Path, snapshot) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.bin").write_bytes(b"1234")
+    before = snapshot(tmp_path)
+    with pytest.raises(NotStateDirError) as info:
+        TieredAdamW(_params(), state_dir=tmp_path / "data", **KW)
+    _message_has(info.value, (str(tmp_path / "data"), "train.bin", "not a tierstore state directory", "empty"))
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["missing", "empty"])
+def test_resume_true_needs_committed_state(tmp_path: Path, exists: bool) -> None:
+    where = tmp_path / "state"
+    if exists:
+        where.mkdir()
+    with pytest.raises(NoStateError) as info:
+        TieredAdamW(_params(), state_dir=where, resume=True, **KW)
+    assert isinstance(info.value, StateDirError) and isinstance(info.value, FileNotFoundError)
+    _message_has(info.value, (str(where), "resume='auto'"))
+    assert where.exists() == exists and (not exists or list(where.iterdir()) == [])
+
+
+def test_resume_true_after_a_run_that_died_before_its_first_commit(tmp_path: Path) -> None:
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "shards.0.bin").write_bytes(bytes(4096))
+    with pytest.raises(NoStateError, match="died before its first commit"):
+        TieredAdamW(_params(), state_dir=tmp_path / "s", resume=True, **KW)
+    params = _params()
+    with TieredAdamW(params, state_dir=tmp_path / "s", resume="auto", **KW) as opt:  # starts fresh
+        assert opt.step_count == 0
+
+
+def test_resume_auto_starts_fresh_then_resumes(tmp_path: Path) -> None:
+    params = _params()
+    with TieredAdamW(params, state_dir=tmp_path / "s", resume="auto", **KW) as opt:
+        assert opt.step_count == 0
+        _step(opt, params)
+    with TieredAdamW(_params(), state_dir=tmp_path / "s", resume="auto", **KW) as opt:
+        assert opt.step_count == 1
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None, "Auto"])
+def test_resume_takes_false_true_or_auto(tmp_path: Path, value) -> None:
+    with pytest.raises(ConfigTypeError, match=rf"resume={value!r}.*'auto'"):
+        TieredAdamW(_params(), state_dir=tmp_path / "s", resume=value, **KW)
+    assert not (tmp_path / "s").exists()
