@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from tierstore import TieredAdamW
-from tierstore.backends import BACKENDS, open_backend, resolve_backend, supports_direct_io
+from tierstore.backends import (
+    BACKENDS,
+    ShardFile,
+    open_backend,
+    resolve_backend,
+    supports_direct_io,
+)
 from tierstore.backends.direct import O_DIRECT, BufferedFile
 from tierstore.backends.mmap_file import MmapFile
 from tierstore.errors import BackendError, ConfigError
@@ -168,3 +174,82 @@ def test_optimizer_with_auto_backend_falls_back_and_still_matches_torch(
             opt.step()
             ref.step()
     assert torch.equal(w, r)
+
+
+# -- the O_DIRECT probe does I/O; allocate works for every ShardFile ----------------------------
+
+
+def _has_o_direct(fd: int) -> bool:
+    import fcntl
+
+    return bool(O_DIRECT and fcntl.fcntl(fd, fcntl.F_GETFL) & O_DIRECT)
+
+
+@pytest.mark.skipif(not O_DIRECT, reason="no O_DIRECT on this platform")
+@pytest.mark.parametrize("fault", ["write-refused", "read-refused", "read-back-differs"])
+def test_the_o_direct_probe_writes_and_reads_an_aligned_block(tmp_path: Path, monkeypatch, fault: str) -> None:
+    """Filesystems that accept O_DIRECT at open but refuse (or botch) the I/O are found by the probe."""
+    if not supports_direct_io(tmp_path):
+        pytest.skip("this filesystem has no O_DIRECT at all")
+    real_pwritev, real_preadv = os.pwritev, os.preadv
+
+    def pwritev(fd, buffers, offset, *rest):
+        if fault == "write-refused" and _has_o_direct(fd):
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return real_pwritev(fd, buffers, offset, *rest)
+
+    def preadv(fd, buffers, offset, *rest):
+        if fault == "read-refused" and _has_o_direct(fd):
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        n = real_preadv(fd, buffers, offset, *rest)
+        if fault == "read-back-differs" and _has_o_direct(fd):
+            for b in buffers:
+                memoryview(b)[:16] = bytes(16)
+        return n
+
+    monkeypatch.setattr(os, "pwritev", pwritev)
+    monkeypatch.setattr(os, "preadv", preadv)
+    assert supports_direct_io(tmp_path) is False
+    assert resolve_backend("auto", tmp_path) == "mmap"
+    assert list(tmp_path.iterdir()) == [], "the O_DIRECT probe left a file behind"
+
+
+def test_the_o_direct_probe_never_follows_a_planted_name(tmp_path: Path, monkeypatch) -> None:
+    """The probe's file is created exclusively under a random name: a planted link is never written through."""
+    import tierstore.backends as backends
+
+    target = tmp_path / "target"
+    target.write_bytes(b"keep")
+    monkeypatch.setattr(backends.secrets, "token_hex", lambda n: "fixed")
+    os.symlink(target, tmp_path / f"{backends.PROBE_PREFIX}{os.getpid()}-fixed")
+    assert supports_direct_io(tmp_path) is False  # the name is taken: no probe, no write
+    assert target.read_bytes() == b"keep"
+
+
+class _MinimalFile(ShardFile):
+    """A backend that keeps no descriptor of its own: it reads and writes through the base class's."""
+
+    name = "minimal"
+
+    def read_into(self, buffer, offset):
+        os.preadv(self.fd, [buffer], offset)
+
+    def write_from(self, buffer, offset):
+        os.pwritev(self.fd, [buffer], offset)
+
+    def sync(self):
+        os.fsync(self.fd)
+
+    def close(self):
+        self._close_fd()
+
+
+def test_allocate_uses_the_base_class_descriptor(tmp_path: Path) -> None:
+    f = _MinimalFile(tmp_path / "s.bin", 1 << 20, create=True)
+    try:
+        before = os.stat(tmp_path / "s.bin").st_blocks
+        f.allocate(0, 1 << 20)  # needs no attribute a subclass might not have
+        assert os.stat(tmp_path / "s.bin").st_blocks * 512 >= (1 << 20) > before * 512
+    finally:
+        f.close()
+        f.close()  # safe twice
