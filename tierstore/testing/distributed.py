@@ -310,7 +310,7 @@ class DistJob:
     ram_budget: str | None = "64KiB"  # 10 of each rank's 11 shards on disk (with masters)
     shard_numel: int = 1024
     keep_master: bool = True
-    resume: bool = True
+    resume: bool | str = "auto"  # a first run starts fresh, a rerun after a kill resumes the committed step
     save_at: int | None = None  # save a DCP checkpoint after this many steps...
     load: bool = False  # ...or start by loading the one in dcp_dir
     dcp_dir: str = ""
