@@ -436,3 +436,44 @@ def test_resume_takes_false_true_or_auto(tmp_path: Path, value) -> None:
     with pytest.raises(ConfigTypeError, match=rf"resume={value!r}.*'auto'"):
         TieredAdamW(_params(), state_dir=tmp_path / "s", resume=value, **KW)
     assert not (tmp_path / "s").exists()
+
+
+# -- below the optimizer: the store and chunk files ----------------------------------------------
+
+
+def test_a_shard_never_written_is_never_read(tmp_path: Path) -> None:
+    """Bytes no checksum vouches for never reach a caller: a read of a shard with nothing committed is an error."""
+    from tierstore.budget import plan_tiers
+    from tierstore.layout import Layout
+    from tierstore.store import ShardStore
+
+    w = torch.zeros(8192, requires_grad=True)
+    layout = Layout.build([[w]], shard_numel=1024, fields=("exp_avg", "exp_avg_sq"))
+    plan = plan_tiers(layout, ram_budget=48 << 10, arena_slots=2)
+    with ShardStore(layout, plan, directory=tmp_path, backend="buffered", durable=True) as store:
+        disk = plan.disk_shards[0]
+        with pytest.raises(CorruptStateError, match=f"shard {disk} has no verified bytes"):
+            store.read(disk, 0)
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_chunk_files_are_never_opened_through_a_link_or_waited_on(tmp_path: Path, kind: str) -> None:
+    import numpy as np
+
+    from tierstore.chunkfile import ChunkFiles
+
+    files = ChunkFiles(tmp_path / "array", chunk_numel=1024, crc32c=True, key=lambda i: f"c/{i}")
+    (tmp_path / "array" / "c").mkdir(parents=True)
+    target = tmp_path / "target"
+    target.write_bytes(SENTINEL)
+    if kind == "symlink":
+        os.symlink(target, files.path(0))
+    else:
+        os.mkfifo(files.path(0))
+    data = np.arange(1024, dtype=np.float32)
+    with deadline():
+        with pytest.raises(CorruptStateError, match="chunk file"):
+            files.write(0, memoryview(data).cast("B"))
+        with pytest.raises(CorruptStateError, match="chunk file"):
+            files.read(0, memoryview(np.empty(1024, dtype=np.float32)).cast("B"), valid_nbytes=4096)
+    assert target.read_bytes() == SENTINEL

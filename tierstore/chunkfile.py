@@ -11,6 +11,11 @@ writes a chunk file from, and reads it into, the caller's buffer (the
 optimizer's arena) with ``pwrite``/``preadv``; zarr still writes and reads the
 metadata, and plain zarr reads the files (they are exactly what zarr writes).
 
+A chunk file is opened only as a regular file and never through a symbolic
+link at its own name (:func:`~tierstore.backends.base.open_regular`: a link,
+FIFO or device planted there is refused at once, never written through or
+waited on).
+
 Edge chunks are stored whole, padded with the fill value 0 as zarr pads them
 (here a sparse hole). A reader that wants only part of a chunk streams it
 through a 1 MiB scratch buffer, verifying its checksums on the way. Files
@@ -43,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from .backends.base import open_regular
 from .integrity import CHECKSUM_BLOCK, BlockDigests
 
 ITEMSIZE = 4  # float32
@@ -110,7 +116,9 @@ class ChunkFiles:
         Raises
         ------
         OSError
-            As the filesystem raises it (``ENOSPC`` when the drive is full).
+            As the filesystem raises it (``ENOSPC`` when the drive is full);
+            :class:`~tierstore.errors.CorruptStateError` (an ``OSError``) when
+            something other than a regular file stands at the chunk's name.
         """
         data = data.cast("B") if data.format != "B" else data
         if len(data) > self.chunk_nbytes:
@@ -119,7 +127,7 @@ class ChunkFiles:
         if path.parent not in self._made:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._made.add(path.parent)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, what="chunk file")
         try:
             _pwrite_all(fd, data, 0)
             if len(data) < self.chunk_nbytes:
@@ -153,7 +161,9 @@ class ChunkFiles:
         ChunkCorrupt
             If the file has the wrong size or fails its CRC32C.
         OSError
-            If it cannot be read (``FileNotFoundError`` when it is missing).
+            If it cannot be read (``FileNotFoundError`` when it is missing;
+            :class:`~tierstore.errors.CorruptStateError` when it is a link,
+            a FIFO, a device or a directory).
         """
         out = out.cast("B") if out.format != "B" else out
         if not 0 <= offset <= offset + len(out) <= valid_nbytes <= self.chunk_nbytes:
@@ -161,7 +171,7 @@ class ChunkFiles:
         whole = offset == 0 and len(out) == valid_nbytes
         if not whole and (scratch is None or len(scratch) < SCRATCH_NBYTES):
             raise ValueError(f"reading part of a chunk needs a scratch buffer of {SCRATCH_NBYTES} bytes")
-        fd = os.open(self.path(index), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = open_regular(self.path(index), os.O_RDONLY, what="chunk file")
         try:
             size = os.fstat(fd).st_size
             if size != self.file_nbytes:
@@ -214,7 +224,7 @@ class ChunkFiles:
 
 def sync_and_drop(path: Path) -> None:
     """``fsync`` a written file, then drop its (now clean) pages from the page cache."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = open_regular(Path(path), os.O_RDONLY, what="chunk file")
     try:
         os.fsync(fd)
         _drop_cache(fd)
