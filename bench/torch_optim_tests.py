@@ -39,6 +39,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 import time
 import types
@@ -226,6 +227,7 @@ def run(test_file: Path, *, select: str | None = None, verbose: bool = False) ->
     counts["not instantiated"] = len(not_instantiated)
     return {
         "test_file": str(test_file),
+        "test_file_sha256": hashlib.sha256(test_file.read_bytes()).hexdigest(),  # which copy of torch's file ran
         "torch": torch.__version__,
         "torch_git": getattr(torch.version, "git_version", None),
         "select": select,

@@ -275,7 +275,9 @@ class TieredAdamW(torch.optim.Optimizer):
         hypers = [GroupHyper.of(g, amsgrad_field=self._spec.amsgrad) for g in self.param_groups]
         update = rt.new_update(self._layout, self._spec, active, hypers, knobs=self._knobs)
         # The step counts move only when the step succeeds (the runtime publishes them); the
-        # commit records them as they will be, with the hyperparameters as of now.
+        # commit records them as they will be, with the hyperparameters as of now. Note: torch
+        # increments them before its kernel runs; a failed step here leaves them, and refuses
+        # further use (StepFailedError).
         rt.schedule_step(update, progress=rt.progress(update), knobs=self._knobs)
         return loss
 
@@ -388,6 +390,8 @@ class TieredAdamW(torch.optim.Optimizer):
         return twin
 
     def __deepcopy__(self, memo: dict) -> TieredAdamW:
+        # Note: torch's optimizers deep-copy; this one's state is files and buffers with one owner
+        # (a state directory takes one lock), so it is refused with the way out (docs/compatibility.md).
         raise TypeError(
             "a TieredAdamW cannot be deep-copied: its state lives in files and buffers it owns. Use "
             "state_dict() (or save_checkpoint) and load it into a new TieredAdamW"
@@ -424,7 +428,8 @@ class TieredAdamW(torch.optim.Optimizer):
                     result["state"][key][field] = placed_like(result["state"][key][field], self._params[i])
         # What a user or a scheduler keeps in optimizer.state besides tierstore's own keys travels
         # as torch's state_dict carries it: extra keys of a parameter's entry, and keys that are
-        # not parameters.
+        # not parameters. Note: unlike the moments, they live in RAM only (no state directory,
+        # checkpoint or DCP keeps them).
         per_param, others = extra_state(self.state, self._params, keys)
         for key, extras in per_param.items():
             result["state"].setdefault(key, {}).update(extras)

@@ -239,6 +239,8 @@ def check_param_kinds(params: Sequence[torch.Tensor]) -> None:
         if local.device.type not in ("cpu", "cuda"):
             raise ConfigError(f"parameter {i} is on device {local.device}; TieredAdamW supports cpu and cuda")
         if not local.is_contiguous():
+            # Note: torch.optim.AdamW takes them (its fused CPU kernel then updates them wrongly in
+            # torch 2.13); every kernel here reads dense runs, so they are refused with the fix.
             raise ConfigError(
                 f"parameter {i} (shape {tuple(p.shape)}) is not contiguous; make it contiguous "
                 "(param.data = param.data.contiguous()) before building the optimizer"

@@ -57,6 +57,8 @@ OWN_STATE_KEYS = frozenset({"step", *STATE_KEY_OF_FIELD.values()})
 
 def step_tensor(step: float) -> Tensor:
     """A parameter's step count as torch's AdamW keeps it (an fp32 scalar tensor)."""
+    # Note: always fp32 on the CPU, where the update runs; torch uses float64 when that is the
+    # default dtype, and the parameter's device with fused=True.
     return torch.tensor(float(step), dtype=torch.float32)
 
 
