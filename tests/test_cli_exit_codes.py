@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,16 @@ def _run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
         rc = int(exc.code)
     out, err = capsys.readouterr()
     return rc, out, err
+
+
+def _run_within(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
+    """:func:`_run` in a daemon thread: a command still running after HANG_S fails the test, not the suite."""
+    result: list[tuple[int, str, str]] = []
+    thread = threading.Thread(target=lambda: result.append(_run(capsys, *argv)), daemon=True)
+    thread.start()
+    thread.join(HANG_S)
+    assert result, f"tierstore {' '.join(argv)} still running after {HANG_S} s"
+    return result[0]
 
 
 def _one_line_error(out: str, err: str) -> str:
@@ -164,7 +175,7 @@ def test_crafted_state_dir_ends_in_one_line_and_an_exit_code(
         ["export", "--no-progress", str(d), str(tmp_path / "o.zarr")],
         ["to-torch", str(d), str(tmp_path / "o.pt")],
     ):
-        rc, out, err = _run(capsys, *argv)
+        rc, out, err = _run_within(capsys, *argv)
         if rc == 0:  # only a summary value was odd: printed as unknown, never a crash
             assert argv[0] == "inspect" or (argv[0] == "verify" and "ok:" in out), (argv, out, err)
             continue
