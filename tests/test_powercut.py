@@ -131,7 +131,7 @@ def test_mapped_stores_count_only_once_an_msync_covers_them(ram_tmp_path):
         os.fsync(dfd)
         os.close(dfd)
         f.write_from(buf.view, 4096)
-        os.fsync(f._fd)  # an fsync is not a flush of the mapping, as the model says
+        os.fsync(f.fd)  # an fsync is not a flush of the mapping, as the model says
         rec.phase("fsynced")
         f.sync()
         rec.phase("flushed")

@@ -128,9 +128,12 @@ class TieredAdamW(torch.optim.Optimizer):
         count, a duration such as ``"10min"``, or both as a pair (see
         :mod:`tierstore.commit_policy`, :attr:`committed_step`, :meth:`commit`).
     resume
-        Continue the state in ``state_dir`` (an empty one starts fresh): the
-        layout must match these parameters; :attr:`step_count` says which
-        step to resume data loading and LR schedules from.
+        ``True``: continue the committed state in ``state_dir`` (a missing
+        or empty directory is a ``NoStateError`` naming it); ``"auto"``:
+        continue it when there is one, else start fresh (the setting for a
+        job that is restarted); ``False``: the directory must hold no
+        state. The layout must match these parameters; :attr:`step_count`
+        says which step to resume data loading and LR schedules from.
     resume_step
         Resume at this committed step instead of the last (a durable
         directory also keeps the commit before its last).
@@ -145,8 +148,11 @@ class TieredAdamW(torch.optim.Optimizer):
         ``TypeError``, ``ConfigTypeError``), checked as ``torch.optim.AdamW`` checks them.
     BudgetError
         ``ram_budget`` below what the streaming arena needs.
-    StateDirError, StateDirInUseError, StateExistsError
-        Unusable, busy, or already populated ``state_dir``.
+    StateDirError, StateDirInUseError, StateExistsError, NotStateDirError
+        Unusable, busy, or already populated ``state_dir``, or a directory
+        holding files that are not a tierstore state.
+    NoStateError
+        ``resume=True`` and ``state_dir`` is missing or holds no committed state.
     LayoutMismatchError, FormatVersionError, CorruptStateError
         On resume: state of another model, of a newer format, or damaged.
 
@@ -187,7 +193,7 @@ class TieredAdamW(torch.optim.Optimizer):
         update_threads: int | None = None,
         durable: bool | None = None,
         commit_every: Any = "auto",
-        resume: bool = False,
+        resume: bool | str = False,
         resume_step: int | None = None,
         restore_params: bool = True,
     ) -> None:

@@ -73,7 +73,7 @@ class CrashJob:
     extra: dict = field(default_factory=dict)
 
     def optimizer_kwargs(self) -> dict:
-        """TieredAdamW's keyword arguments for this job (resuming)."""
+        """TieredAdamW's keyword arguments for this job (resuming whatever committed state the directory holds)."""
         return dict(
             lr=self.lr,
             weight_decay=self.weight_decay,
@@ -84,7 +84,7 @@ class CrashJob:
             backend=self.backend,
             keep_master=self.keep_master,
             durable=self.durable,
-            resume=True,
+            resume="auto",  # a first run starts fresh, a rerun after a kill resumes the committed step
             commit_every=self.commit_every,
             **self.extra,
         )

@@ -33,6 +33,7 @@ None
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ class Recorder:
     def __init__(self, root: str | Path) -> None:
         self.root = os.path.abspath(root)
         self.parent = os.path.dirname(self.root)
+        self._resolved = {os.path.realpath(self.root): self.root, os.path.realpath(self.parent): self.parent}
         self._lock = threading.Lock()
         self._clock = 0
         self._ops: list[Op] = []
@@ -203,20 +205,36 @@ class Recorder:
 
         cls._store, cls._msync = store, msync
 
+    def _where(self, path, dir_fd) -> tuple[str | None, str]:
+        """:meth:`_place` of ``path`` as the call means it: relative to ``dir_fd`` when given.
+
+        The state directory opens its files by name relative to its own
+        descriptor; the directory that descriptor names (``/proc/self/fd``)
+        tells where such a name is.
+        """
+        if dir_fd is None or isinstance(path, int) or os.path.isabs(os.fsdecode(path)):
+            return self._place(path)
+        try:
+            directory = os.readlink(f"/proc/self/fd/{dir_fd}")
+        except OSError:
+            return None, ""
+        directory = self._resolved.get(directory, directory)  # the name the recorder was given
+        return self._place(os.path.join(directory, os.fsdecode(path)))
+
     def _open(self, path, flags, mode=0o777, *, dir_fd=None):
-        place, name = (None, "") if dir_fd is not None else self._place(path)
+        place, name = self._where(path, dir_fd)
         real = self._real["open"]
         if place is None:
             return real(path, flags, mode, dir_fd=dir_fd)
         if place == "below":
             self._unsupported.append(f"open of {name} (a subdirectory is not modelled)")
-            return real(path, flags, mode)
+            return real(path, flags, mode, dir_fd=dir_fd)
         if place in ("root", "parent"):
-            fd = real(path, flags, mode)
+            fd = real(path, flags, mode, dir_fd=dir_fd)
             self._fds[fd] = _Open(None, place)
             return fd
         begin = self.begin()
-        fd = real(path, flags, mode)
+        fd = real(path, flags, mode, dir_fd=dir_fd)
         with self._lock:
             inode = self._names.get(name)
             if inode is None:
@@ -331,14 +349,15 @@ class Recorder:
             self._add(Op(begin, 0, "extend", inode=opened.inode, size=int(offset + length)))
 
     def _rename(self, src, dst, *, src_dir_fd=None, dst_dir_fd=None):
-        (p1, n1), (p2, n2) = self._place(src), self._place(dst)
-        if src_dir_fd is not None or dst_dir_fd is not None or (p1 is None and p2 is None):
-            return self._real["rename"](src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        (p1, n1), (p2, n2) = self._where(src, src_dir_fd), self._where(dst, dst_dir_fd)
+        real = functools.partial(self._real["rename"], src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        if p1 is None and p2 is None:
+            return real()
         if p1 != "file" or p2 != "file":
             self._unsupported.append(f"rename {src} -> {dst} (not both in {self.root})")
-            return self._real["rename"](src, dst)
+            return real()
         begin = self.begin()
-        self._real["rename"](src, dst)
+        real()
         with self._lock:
             inode = self._names.pop(n1, None)
             if inode is not None:
@@ -346,38 +365,38 @@ class Recorder:
             self._add(Op(begin, 0, "rename", inode=inode if inode is not None else -1, name=n1, target=n2))
 
     def _unlink(self, path, *, dir_fd=None):
-        place, name = (None, "") if dir_fd is not None else self._place(path)
+        place, name = self._where(path, dir_fd)
         if place is None:
             return self._real["unlink"](path, dir_fd=dir_fd)
         if place != "file":
             self._unsupported.append(f"unlink of {path}")
-            return self._real["unlink"](path)
+            return self._real["unlink"](path, dir_fd=dir_fd)
         begin = self.begin()
-        self._real["unlink"](path)
+        self._real["unlink"](path, dir_fd=dir_fd)
         with self._lock:
             self._names.pop(name, None)
             self._add(Op(begin, 0, "unlink", name=name))
 
     def _mkdir(self, path, mode=0o777, *, dir_fd=None):
-        place, _ = (None, "") if dir_fd is not None else self._place(path)
+        place, _ = self._where(path, dir_fd)
         if place is None or place == "parent":
             return self._real["mkdir"](path, mode, dir_fd=dir_fd)
         if place != "root":
             self._unsupported.append(f"mkdir of {path} (a subdirectory is not modelled)")
-            return self._real["mkdir"](path, mode)
+            return self._real["mkdir"](path, mode, dir_fd=dir_fd)
         begin = self.begin()
-        self._real["mkdir"](path, mode)
+        self._real["mkdir"](path, mode, dir_fd=dir_fd)
         with self._lock:
             self._add(Op(begin, 0, "mkroot"))
 
     def _rmdir(self, path, *, dir_fd=None):
-        place, _ = (None, "") if dir_fd is not None else self._place(path)
+        place, _ = self._where(path, dir_fd)
         if place not in (None, "parent"):
             self._unsupported.append(f"rmdir of {path}")
         return self._real["rmdir"](path, dir_fd=dir_fd)
 
     def _map_store(self, file, offset: int, source) -> None:
-        opened = self._fds.get(file._fd)
+        opened = self._fds.get(file.fd)
         if opened is None or opened.inode is None:
             return self._real_store(file, offset, source)
         payload = source.numpy().tobytes()
@@ -387,7 +406,7 @@ class Recorder:
             self._add(Op(begin, 0, "write", inode=opened.inode, offset=offset, data=payload, channel="map"))
 
     def _map_msync(self, file, offset: int, length: int) -> None:
-        opened = self._fds.get(file._fd)
+        opened = self._fds.get(file.fd)
         if opened is None or opened.inode is None:
             return self._real_msync(file, offset, length)
         begin = self.begin()
