@@ -70,7 +70,7 @@ def small_machine(monkeypatch):
 def test_bench_commands_refuse_before_allocating(capsys, tmp_path, small_machine, argv, message) -> None:
     rc = main([*argv, "--dir", str(tmp_path)])
     err = capsys.readouterr().err
-    assert rc == 1 and message in err and "but only 1.07 GB of RAM is available" in err, err
+    assert rc == 2 and message in err and "but only 1.07 GB of RAM is available" in err, err  # a value the machine cannot serve: usage
     assert list(tmp_path.iterdir()) == []  # nothing was created
 
 

@@ -121,7 +121,7 @@ def test_bench_io_rejects_bad_options(tmp_path, extra, message):
 
 
 def test_bench_io_rejects_missing_dir(tmp_path, capsys):
-    assert main(["bench", "io", "--dir", str(tmp_path / "nope"), "--quick"]) == 1
+    assert main(["bench", "io", "--dir", str(tmp_path / "nope"), "--quick"]) == 2  # a missing input: usage
     assert "is not a directory" in capsys.readouterr().err
 
 

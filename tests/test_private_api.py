@@ -32,9 +32,7 @@ PRIVATE = re.compile(
     r"|\._step_supports_amp_scaling\b|\._parameters\b|\._make_wrapper_subclass\b"
 )
 #: Files owned elsewhere that still call a private API directly, each with the wrapper to use.
-PENDING = {
-    "dcp.py": "torch_private.local_shape_and_offset and torch_private.make_wrapper_subclass",
-}
+PENDING: dict[str, str] = {}  # module -> the wrapper it is waiting for (none now)
 
 
 def _code_only(path: Path) -> str:

@@ -5,7 +5,7 @@ the build environment), so it imports nothing.
 
 Example
 -------
->>> "-ffp-contract=off" in FLAGS
+>>> "-ffp-contract=off" in COMPILE_FLAGS
 True
 """
 

@@ -82,7 +82,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 
-from . import dcp_memory
+from . import dcp_memory, torch_private
 from .access import ShardAccess
 from .dcp_memory import BLOCK_NBYTES, BlockRing, StagingFile
 from .dtensor import local_tensor
@@ -204,9 +204,7 @@ def _placement(param: torch.Tensor, local_shape: tuple[int, ...]) -> tuple[tuple
     from torch.distributed.tensor import DTensor
 
     if isinstance(param, DTensor):
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-        shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+        shape, offset = torch_private.local_shape_and_offset(param.shape, param.device_mesh, param.placements)
         if tuple(shape) != local_shape:  # pragma: no cover - a placement torch computes differently
             raise ConfigError(f"DTensor parameter's local shape {local_shape} differs from its placement's {tuple(shape)}")
         return tuple(param.shape), tuple(offset)
@@ -245,7 +243,7 @@ class _StepCount(_Placeholder):
 
     @staticmethod
     def __new__(cls, session: _Session) -> _StepCount:
-        return torch.Tensor._make_wrapper_subclass(cls, (), dtype=torch.int64, device="cpu")
+        return torch_private.make_wrapper_subclass(cls, (), dtype=torch.int64, device="cpu")
 
     def __init__(self, session: _Session) -> None:
         self._session = session
@@ -274,7 +272,7 @@ class _StateTensor(_Placeholder):
     @staticmethod
     def __new__(cls, session: _Session, part: _Part, field: str) -> _StateTensor:
         shape = () if field == "step" else part.global_shape
-        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.float32, device="cpu")
+        return torch_private.make_wrapper_subclass(cls, shape, dtype=torch.float32, device="cpu")
 
     def __init__(self, session: _Session, part: _Part, field: str) -> None:
         self._session = session
@@ -332,7 +330,7 @@ class _Staged(torch.Tensor):
 
     @staticmethod
     def __new__(cls, file: StagingFile, base: int, full: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...]) -> _Staged:
-        return torch.Tensor._make_wrapper_subclass(cls, sizes, dtype=torch.float32, device="cpu")
+        return torch_private.make_wrapper_subclass(cls, sizes, dtype=torch.float32, device="cpu")
 
     def __init__(self, file: StagingFile, base: int, full: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...]) -> None:
         self._file, self._first, self._full, self._offsets, self._sizes = file, base, full, offsets, sizes
