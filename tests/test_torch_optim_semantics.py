@@ -6,8 +6,8 @@ against ``torch.optim.AdamW`` doing the same thing: state dicts saved by
 ``torch.optim.Adam``/``AdamW`` load as torch's AdamW loads them, extra entries
 of ``optimizer.state`` travel through state dicts, param groups are packed as
 torch packs them (or refused clearly), and the design limits (non-contiguous
-parameters, ``copy.deepcopy``, ``add_param_group`` after construction) are
-refused with an error that names the fix.
+parameters, ``copy.deepcopy``) are refused with an error that names the fix;
+``add_param_group`` lays the state out again (refused, with the fix, on a ``state_dir``).
 """
 
 from __future__ import annotations
@@ -162,12 +162,62 @@ def test_a_tensor_put_into_param_groups_is_refused_not_saved_as_an_empty_group()
     opt.close()
 
 
-def test_add_param_group_after_construction_is_refused_with_the_fix() -> None:
+@pytest.mark.parametrize("where", [dict(), dict(ram_budget="56KiB", shard_numel=1024)], ids=["ram", "streamed"])
+@pytest.mark.parametrize("added", [dict(lr=3e-2), dict(amsgrad=True, weight_decay=0.0)], ids=["lr", "amsgrad"])
+def test_add_param_group_mid_training_steps_as_torch_adamw(where, added) -> None:
+    """A group added after some steps shows in state_dict() and steps exactly as in torch.optim.AdamW."""
+    torch.manual_seed(3)
+    first = [torch.nn.Parameter(torch.randn(40, 70)), torch.nn.Parameter(torch.randn(70))]
+    later = [torch.nn.Parameter(torch.randn(6000)), torch.nn.Parameter(torch.randn(9, 11))]
+    twin_first = [torch.nn.Parameter(p.detach().clone()) for p in first]
+    twin_later = [torch.nn.Parameter(p.detach().clone()) for p in later]
+    opt = TieredAdamW(first, lr=1e-2, weight_decay=0.1, **where)
+    ref = torch.optim.AdamW(twin_first, lr=1e-2, weight_decay=0.1, fused=True)
+    _train(opt, first, range(2))
+    _train(ref, twin_first, range(2))
+    opt.add_param_group({"params": later, **added})
+    ref.add_param_group({"params": twin_later, **added})
+    if where:  # the state outgrew the budget: it now streams through a private directory
+        assert "0 streamed" not in opt.describe(), opt.describe()
+    ours_sd, ref_sd = opt.state_dict(), ref.state_dict()
+    assert ours_sd["param_groups"] == ref_sd["param_groups"]
+    assert sorted(ours_sd["state"]) == sorted(ref_sd["state"]) == [0, 1]  # the new ones have no state yet
+    assert opt.step_count == 2
+    _train(opt, first + later, range(2, 5))
+    _train(ref, twin_first + twin_later, range(2, 5))
+    for a, b in zip(first + later, twin_first + twin_later):
+        assert torch.equal(a, b)
+    ours_sd, ref_sd = opt.state_dict(), ref.state_dict()
+    for i, entry in ref_sd["state"].items():
+        for key, value in entry.items():
+            assert torch.equal(ours_sd["state"][i][key], value), (i, key)
+    assert opt.step_count == 5
+    opt.close()
+
+
+def test_add_param_group_is_refused_with_a_state_dir_and_changes_nothing(tmp_path) -> None:
     ours, _ = _pair()
-    opt = TieredAdamW(ours[:1])
-    with pytest.raises(ParamsChangedError, match=r"add_param_group.*TieredAdamW\(\[group1, group2\]"):
+    opt = TieredAdamW(ours[:1], state_dir=tmp_path / "s")
+    with pytest.raises(ParamsChangedError, match=r"add_param_group.*every group.*TieredAdamW\(\[group1, group2\]"):
         opt.add_param_group({"params": [ours[1]]})
     assert len(opt.param_groups) == 1 and len(opt.state_dict()["param_groups"]) == 1
+    opt.close()
+
+
+def test_add_param_group_refuses_what_torch_refuses_and_keeps_the_old_state() -> None:
+    ours, _ = _pair()
+    opt = TieredAdamW(ours[:1], lr=1e-2)
+    _train(opt, ours[:1], range(1))
+    before = opt.state_dict()
+    with pytest.raises(ValueError, match="some parameters appear in more than one parameter group"):
+        opt.add_param_group({"params": [ours[0]]})
+    with pytest.raises(ValueError, match="Invalid learning rate"):
+        opt.add_param_group({"params": [ours[1]], "lr": -1.0})
+    assert len(opt.param_groups) == 1
+    after = opt.state_dict()
+    assert after["param_groups"] == before["param_groups"]
+    assert all(torch.equal(after["state"][0][k], v) for k, v in before["state"][0].items())
+    _train(opt, ours[:1], range(1, 2))  # still usable
     opt.close()
 
 

@@ -219,6 +219,8 @@ class TieredAdamW(torch.optim.Optimizer):
         self._params: list[Tensor] = [p for g in self.param_groups for p in g["params"]]
         check_param_kinds(self._params)
         journal = Journal.open(state_dir, resume=resume, resume_step=resume_step, durable=durable, policy=policy)
+        # What a rebuild (add_param_group) lays out again: the choices of this constructor.
+        self._build_args = dict(shard_numel=shard_numel, keep_master=keep_master, durable=durable, policy=policy)
         started = start(journal, self.param_groups, self._params, self.state, knobs=self._knobs, ram_budget=self._budget,
                         shard_numel=shard_numel, keep_master=keep_master, restore_params=restore_params,
                         moment_dtype=self._format)  # fmt: skip
@@ -239,14 +241,89 @@ class TieredAdamW(torch.optim.Optimizer):
 
     # -- torch.optim.Optimizer API ------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a param group, as ``torch.optim.AdamW.add_param_group`` does; :meth:`state_dict` then lists it.
+
+        The layout of the state covers every parameter, so adding some lays
+        the state out again: the current state is carried over (through
+        :meth:`state_dict`, so it passes through RAM once) into a new store
+        with the same budget and format, and the new parameters start with
+        no state, as in torch. This works while the state lives in RAM or in
+        a private temporary directory (``state_dir=None``). A user's
+        ``state_dir`` is the state's identity on disk and a rewrite of it
+        could not be made crash-consistent, so there it is refused: put every
+        group in the constructor instead (a group that should start later
+        takes no step while its parameters have no gradient).
+
+        Raises
+        ------
+        ParamsChangedError
+            With a ``state_dir``, or while :meth:`attach` is in effect.
+        ValueError, TypeError
+            As torch raises them (a parameter already in a group, a
+            hyperparameter torch refuses, a parameter tierstore cannot hold).
+
+        Example
+        -------
+        >>> import torch
+        >>> a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+        >>> opt = TieredAdamW([a], lr=0.1)
+        >>> a.grad = torch.ones(3); _ = opt.step()
+        >>> opt.add_param_group({"params": [b], "lr": 0.01})
+        >>> [g["params"] for g in opt.state_dict()["param_groups"]], opt.step_count
+        ([[0], [1]], 1)
+        >>> opt.close()
+        """
         if getattr(self, "_building", False):
             _TORCH_ADD_PARAM_GROUP(self, param_group)
             return
-        raise ParamsChangedError(
-            "TieredAdamW lays its state out when it is built, so parameters cannot be added "
-            "afterwards (add_param_group). Build a new TieredAdamW with all parameters, e.g. "
-            "TieredAdamW([group1, group2], ...)"
-        )
+        rt = self._runtime()
+        if rt.journal.persistent:
+            raise ParamsChangedError(
+                f"add_param_group: the state in state_dir={str(rt.journal.directory)!r} is laid out for the "
+                "parameters it was built with, and rewriting it for more could not be made crash-consistent. "
+                "Build the TieredAdamW with every group from the start, e.g. TieredAdamW([group1, group2], ...): "
+                "a group that should start later takes no step while its parameters have no gradient"
+            )
+        if rt.attachment is not None or rt.offload is not None:
+            raise ParamsChangedError("add_param_group while attached to a model: call detach() first, then attach() again")
+        saved = self.state_dict()
+        before = list(self.param_groups)
+        try:
+            _TORCH_ADD_PARAM_GROUP(self, param_group)
+            group = self.param_groups[-1]
+            check_hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"],
+                        f" in param group {len(self.param_groups) - 1}")  # fmt: skip
+            params = [p for g in self.param_groups for p in g["params"]]
+            check_param_kinds(params)
+            self._relayout(params, saved)
+        except BaseException:
+            self.param_groups[:] = before  # nothing changed: the old state is still the one in use
+            raise
+
+    def _relayout(self, params: list[Tensor], saved: dict[str, Any]) -> None:
+        """Lay the state out for ``params`` (the param groups as they now are) and carry ``saved`` over."""
+        args = self._build_args
+        journal = Journal.open(None, resume=False, resume_step=None, durable=args["durable"], policy=args["policy"])
+        old = self._spec, self._layout, self._plan, self._rt, self._params
+        steps = old[3].step_count
+        # The new store is built beside the old one, so a failure (a budget the new layout
+        # does not fit) leaves the optimizer as it was.
+        started = start(journal, self.param_groups, params, self.state, knobs=self._knobs, ram_budget=self._budget,
+                        shard_numel=args["shard_numel"], keep_master=args["keep_master"], restore_params=False,
+                        moment_dtype=self._format)  # fmt: skip
+        self._spec, self._layout, self._plan, self._rt = started.spec, started.layout, started.plan, started.runtime
+        self._params = params
+        try:
+            extended = dict(saved)
+            extended["param_groups"] = [*saved["param_groups"], self.state_dict()["param_groups"][-1]]
+            self.load_state_dict(extended)
+            self._rt.step_count = steps
+        except BaseException:
+            self._rt.close()
+            self._spec, self._layout, self._plan, self._rt, self._params = old
+            raise
+        old[3].close()  # a RAM or private state: nothing to commit, its memory and directory go
+        self._owner = self._rt.owner()
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None, *, grad_scaler: Any = None) -> Any:
