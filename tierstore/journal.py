@@ -93,6 +93,9 @@ def _frozen(value: Any) -> Any:
     return value
 
 
+LAG_WINDOW = 4  # commits over which a growing lag is judged
+
+
 @dataclass
 class CommitStats:
     """What the commits of a run cost so far (seconds; bytes written for resident shards)."""
@@ -102,6 +105,23 @@ class CommitStats:
     resident_bytes: int = 0
     last_seconds: float = 0.0
     max_lag: int = 0  # largest step_count - committed_step seen at a step's end
+    lags: list[int] = field(default_factory=list)  # the lag when each of the last LAG_WINDOW commits started
+    last_committed_at: float | None = None  # time.monotonic() when the last commit became durable
+
+    def lag_growing(self) -> bool:
+        """True when the lag rose at each of the last :data:`LAG_WINDOW` commits and at least doubled.
+
+        Commits then take longer than the steps between them: the drive (or
+        the commit's share of the CPU) cannot keep up with the loop, and a
+        crash loses more and more steps.
+
+        >>> CommitStats(lags=[2, 3, 5, 9]).lag_growing(), CommitStats(lags=[2, 3, 2, 3]).lag_growing()
+        (True, False)
+        """
+        lags = self.lags[-LAG_WINDOW:]
+        if len(lags) < LAG_WINDOW:
+            return False
+        return all(a < b for a, b in zip(lags, lags[1:])) and lags[-1] >= 2 * max(1, lags[0])
 
 
 class Journal:
@@ -125,6 +145,7 @@ class Journal:
         self.committed_step: int | None = None if saved is None else int(saved["step_count"])
         self.clock = CommitClock(last_commit_step=self.committed_step or 0)
         self.stats = CommitStats()
+        self._warned_lag = False  # the growing-lag warning is logged once per open
         self._last_manifest = saved  # the next commit's "previous"
         self._dirty_marked = False
         self._pool: ThreadPoolExecutor | None = None
@@ -319,6 +340,15 @@ class Journal:
                 self.stats.deferred += 1
             clock.commit_running = in_flight  # it overlaps the next iteration
             return False
+        self.stats.lags = [*self.stats.lags[-(LAG_WINDOW - 1):], lag]
+        if self.stats.lag_growing() and not self._warned_lag:
+            self._warned_lag = True
+            log.warning(
+                "commits of %s fall behind the loop: the last %d started %s steps behind it; a crash now "
+                "loses more steps each time. Put state_dir on a faster drive, raise ram_budget (fewer "
+                "resident shards to write per commit) or set commit_every to a larger step count",
+                self.directory, LAG_WINDOW, "/".join(str(x) for x in self.stats.lags),
+            )  # fmt: skip
         self._start(progress)
         clock.commit_running = True
         return True
@@ -381,7 +411,8 @@ class Journal:
         with self._lock:
             self.committed_step = progress.step_count
         crash_point("after-commit")
-        seconds = time.monotonic() - started
+        self.stats.last_committed_at = time.monotonic()
+        seconds = self.stats.last_committed_at - started
         self.clock.last_commit_seconds = seconds
         self.stats.commits += 1
         self.stats.last_seconds = seconds

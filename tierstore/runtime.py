@@ -372,8 +372,24 @@ class Runtime:
             f"{layout.trainable_numel:,} trainable params, state {format_size(p.state_nbytes)}{fmt} in "
             f"{len(layout.shards)} shards: {len(p.resident)} resident ({format_size(p.resident_nbytes)}), "
             f"{len(p.disk_shards)} streamed from disk ({format_size(p.disk_nbytes)}), arena {p.arena_slots} x "
-            f"{format_size(p.slot_nbytes)}{files}"
+            f"{format_size(p.slot_nbytes)}{files}{self._commit_lag()}"
         )
+
+    def _commit_lag(self) -> str:
+        """Where the commits are: the committed step, how far behind the loop, and a warning when that grows.
+
+        Commits finish in the background, so the step a crash would resume at
+        trails :attr:`step_count`; "" without durable commits.
+        """
+        journal = self.journal
+        if self.closed or not journal.committing:
+            return ""
+        stats, committed = journal.stats, journal.committed_step
+        lag = self.step_count - (committed or 0)
+        text = f"; committed step {committed} ({lag} behind, at most {max(lag, stats.max_lag)} so far)"
+        if stats.lag_growing():
+            text += "; WARNING: the lag grows at every commit, the drive cannot keep up (docs/troubleshooting.md)"
+        return text
 
     # -- lifetime -----------------------------------------------------
     def schedule_step(self, update: ShardUpdate, *, progress: Progress, knobs: Knobs) -> None:
