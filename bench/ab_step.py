@@ -33,11 +33,11 @@ from pathlib import Path
 
 import torch
 
-import tierstore.integrity as integrity
+import tierstore._storage.integrity as integrity
 from tierstore import TieredAdamW
-from tierstore.benchmarks.report import machine_info
-from tierstore.benchmarks.resources import ab_needs, check
-from tierstore.benchmarks.workload import build
+from tierstore.cli.bench.report import machine_info
+from tierstore.cli.bench.resources import ab_needs, check
+from tierstore.cli.bench.workload import build
 from tierstore.errors import ConfigError
 
 REAL_UPDATE = integrity.BlockDigests.update

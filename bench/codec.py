@@ -16,9 +16,9 @@ import sys
 
 import torch
 
-from tierstore.benchmarks import codec_speed
-from tierstore.benchmarks.report import machine_info
-from tierstore.benchmarks.workload import parse_elements
+from tierstore.cli.bench import codec_speed
+from tierstore.cli.bench.report import machine_info
+from tierstore.cli.bench.workload import parse_elements
 
 DEFAULT_FORMATS = "float32,bfloat16,bfloat16@torch,int8,int8@torch,bfloat16-stochastic,int8-stochastic"
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from tierstore.benchmarks import convergence
-from tierstore.benchmarks.report import machine_info
+from tierstore.cli.bench import convergence
+from tierstore.cli.bench.report import machine_info
 
 # ours-<format>: TieredAdamW(moment_dtype=<format>); ours-<format>-<variant>: the stand-in doing that
 # codec variant's math (the rounding and square-root ablations behind the formats' choices).

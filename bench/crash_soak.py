@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from tierstore import faults
+from tierstore._platform import faults
 from tierstore.backends import supports_direct_io
 from tierstore.testing.crash import (
     CrashJob,

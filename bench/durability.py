@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What durability costs a training loop, all state in RAM (see tierstore/benchmarks/durability.py).
+"""What durability costs a training loop, all state in RAM (see tierstore/cli/bench/durability.py).
 
 Needs about 1.6 GB of RAM and 1 GB of disk at the default 5e7 parameters (three
 durable or on-disk contenders keep two copies of 400 MB each, one at a time on
@@ -15,6 +15,6 @@ from __future__ import annotations
 import sys
 
 if __name__ == "__main__":
-    from tierstore.benchmarks.durability import main
+    from tierstore.cli.bench.durability import main
 
     sys.exit(main(sys.argv[1:]))

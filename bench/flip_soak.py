@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from tierstore import CorruptStateError, TieredAdamW
-from tierstore.reader import StateReader
+from tierstore._state.reader import StateReader
 
 FILES = ("shards.0.bin", "shards.1.bin", "manifest.json")
 

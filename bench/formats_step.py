@@ -11,7 +11,7 @@ float32, per round, median) is what the targets compare:
 - at the same budget, how many more shards (and parameters) stay resident;
 - ``int8@torch`` (any ``<format>@torch``): the format's update in torch ops
   (decode, ``torch._fused_adamw_``, encode; the compiled kernel of
-  ``tierstore.native`` and ``tierstore.fused_update`` set aside), to see what
+  ``tierstore._compute.native`` and ``tierstore._compute.fused_update`` set aside), to see what
   the kernel buys.
 
 The load average is sampled before every round and reported (the dev machine
@@ -44,14 +44,15 @@ from pathlib import Path
 
 import torch
 
-from tierstore import TieredAdamW, native
-from tierstore.benchmarks.report import machine_info, write_json
-from tierstore.benchmarks.resources import Needs, check
-from tierstore.benchmarks.workload import build
-from tierstore.budget import plan_tiers
+from tierstore import TieredAdamW
+from tierstore._compute import native
+from tierstore._layout.budget import plan_tiers
+from tierstore._layout.layout import Layout
+from tierstore._layout.spec import decide
+from tierstore.cli.bench.report import machine_info, write_json
+from tierstore.cli.bench.resources import Needs, check
+from tierstore.cli.bench.workload import build
 from tierstore.errors import ConfigError
-from tierstore.layout import Layout
-from tierstore.spec import decide
 
 FORMATS = ("float32", "bfloat16", "int8")
 
@@ -130,7 +131,7 @@ def _cpu_median(steps: list[dict]) -> dict:
 
 
 def _sizes(numel: int) -> list[int]:
-    from tierstore.benchmarks.workload import param_sizes
+    from tierstore.cli.bench.workload import param_sizes
 
     return param_sizes(numel)
 

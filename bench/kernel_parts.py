@@ -1,7 +1,7 @@
 """Where the compiled int8 update spends its time: the kernel with one part taken out at a time.
 
 Builds variants of ``tierstore/codec_kernel.c`` by replacing one line each
-(the way the broken-build tests do), loads each with ``tierstore.native``, and
+(the way the broken-build tests do), loads each with ``tierstore._compute.native``, and
 times its fused update on one thread over a cold array (bf16 gradients and
 parameters, fp32 masters, int8 moments: the mixed-precision configuration),
 rounds interleaved so the ratios hold on a noisy machine. Every variant but
@@ -30,10 +30,11 @@ from pathlib import Path
 
 import torch
 
-from tierstore import codecs, fused_update, native, torch_private
-from tierstore.benchmarks.report import machine_info, write_json
-from tierstore.benchmarks.workload import parse_elements
-from tierstore.hyper import GroupHyper
+from tierstore._compute import codecs, fused_update, native
+from tierstore._compute.hyper import GroupHyper
+from tierstore._platform import torch_private
+from tierstore.cli.bench.report import machine_info, write_json
+from tierstore.cli.bench.workload import parse_elements
 
 CHUNK = 1 << 18  # elements per kernel call, as the update's chunks
 

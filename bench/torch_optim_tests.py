@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("passed", "failed", "skipped", "not instantiated"))
           + f" ({report['seconds']} s)")  # fmt: skip
     if args.json is not None:
-        from tierstore.benchmarks.report import write_json
+        from tierstore.cli.bench.report import write_json
 
         write_json(args.json, report)
         print(f"wrote {args.json}")

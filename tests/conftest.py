@@ -92,10 +92,10 @@ def ram_tmp_path(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
-    """A process that has not built or loaded the compiled kernel yet (:mod:`tierstore.native`), with
+    """A process that has not built or loaded the compiled kernel yet (:mod:`tierstore._compute.native`), with
     its own cache directory (``tmp_path / "cache"``) and no library from the install (so the kernel
     is built from ``native._source()``, which a test may replace); the next test decides afresh again."""
-    from tierstore import native
+    from tierstore._compute import native
 
     monkeypatch.setenv("TIERSTORE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("TIERSTORE_NATIVE", raising=False)

@@ -1,15 +1,28 @@
-"""The module layers: no import cycle, and no module imports one from a higher layer.
+"""The package's layers come from its packages: no import cycle, no internal package imports the front.
 
-Each module of the package owns one concept (``docs/architecture.md`` has
-the module map). Layers run from leaf vocabulary up to the tools; a module
-may import modules of its own layer or below, never above, so the lower
-layers can be read, tested and changed without the optimizer. Function-level
-(lazy) imports count too: they are edges of the same graph.
+A *unit* is a top-level module (``tierstore/errors.py``) or a top-level
+package (``tierstore/_storage/``); the units' import graph is read from the
+code (function-level, lazy imports count too). Its layers are derived: a unit
+with no imports inside the package is layer 0, every other unit sits one
+above the highest unit it imports. The rules:
+
+- no import cycle between modules, nor between units;
+- an internal unit (``_name``) imports only internal units and the public
+  vocabulary (public units that import no internal unit: errors, sizes,
+  backends), never the public front built over the internals;
+- the adapters (checkpoints, DCP, the state reader, ...) never import the optimizer;
+- every public module declares ``__all__``, and each name in it exists;
+- ``docs/architecture.md`` shows this graph: the block between its
+  ``package-graph`` markers is :func:`render_graph`'s output (rewrite it with
+  ``python tests/test_architecture.py``).
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,37 +30,8 @@ import pytest
 import tierstore
 
 PACKAGE = Path(tierstore.__file__).parent
-
-#: Layer of every module, lowest first. A new module must be placed here (the test says so).
-LAYERS: dict[str, int] = {
-    # 0: leaves
-    "_version": 0, "errors": 0, "sizes": 0, "faults": 0, "dtensor": 0, "dynamo": 0, "torch_private": 0, "build_flags": 0,
-    # 1: pure descriptions and arithmetic (no I/O)
-    "workers": 0, "native": 0, "codecs": 1, "layout": 1, "hyper": 1, "knobs": 1, "kernel": 1, "integrity": 1, "factory": 1, "distributed": 1,
-    "commit_policy": 1,
-    "fused_update": 2, "spec": 2, "budget": 2, "manifest": 2, "torch_format": 2, "deepspeed_config": 3,
-    # 4: memory and files
-    "hostmem": 4, "chunkfile": 4, "dcp_memory": 4, "backends": 4, "backends.base": 4, "backends.direct": 4, "backends.mmap_file": 4,
-    "transfer": 5,
-    # 6: the shard store and what moves shards
-    "store": 6, "pipeline": 7, "statedir": 6, "journal": 7, "reader": 7,
-    # 8: one step's update and the running machinery
-    "update": 8, "overlap": 8, "grad_offload": 5, "runtime": 9, "startup": 9, "access": 8,
-    # 10: adapters over the access protocol
-    "checkpoint": 10, "dcp": 10,
-    # 11: the front
-    "optimizer": 11,
-    # 12: tools and the package face
-    "planner": 12, "diagnose": 12, "inspection": 12, "cli": 12, "__init__": 13,
-    "demo": 12, "demo.model": 12, "demo.run": 12,
-    "benchmarks": 12, "benchmarks.floor": 12, "benchmarks.footprint": 12, "benchmarks.io": 12,
-    "benchmarks.peer": 12, "benchmarks.rawio": 12, "benchmarks.report": 12, "benchmarks.rss": 12,
-    "benchmarks.step": 12, "benchmarks.workload": 12, "benchmarks.resources": 12, "benchmarks.durability": 12, "benchmarks.overlap": 12,
-    "benchmarks.codec_adamw": 12, "benchmarks.codec_speed": 12, "benchmarks.convergence": 12,
-    # 14: test kits, over the public face
-    "testing": 14, "testing.backend": 14, "testing.crash": 14, "testing.distributed": 14,
-    "testing.fsimage": 14, "testing.formats": 14, "testing.fsrecord": 14, "testing.powercut": 14, "testing.memory": 14,
-}  # fmt: skip
+DOC = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
+MARK = re.compile(r"(<!-- package-graph:start -->\n)(.*?)(<!-- package-graph:end -->)", re.S)
 
 
 def _module_name(path: Path) -> str:
@@ -62,14 +46,14 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _imports(name: str, path: Path) -> set[str]:
-    """Package modules ``name`` imports (any depth in the file), as keys of :data:`LAYERS`."""
+def _imports(name: str, path: Path, known: set[str] | None = None) -> set[str]:
+    """Package modules ``name`` imports (any depth in the file), by dotted name under ``tierstore``."""
     tree = ast.parse(path.read_text(), filename=str(path))
     is_package = path.name == "__init__.py"
     here = name.split(".") if name != "__init__" else []
     base = here if is_package else here[:-1]
     found: set[str] = set()
-    known = _modules()
+    known = set(_modules()) if known is None else known
     for node in ast.walk(tree):
         targets: list[str] = []
         if isinstance(node, ast.ImportFrom):
@@ -92,26 +76,26 @@ def _imports(name: str, path: Path) -> set[str]:
 
 
 def _graph() -> dict[str, set[str]]:
-    return {name: _imports(name, path) for name, path in _modules().items()}
+    modules = _modules()
+    known = set(modules)
+    return {name: _imports(name, path, known) for name, path in modules.items()}
 
 
-def test_every_module_has_a_layer() -> None:
-    missing = sorted(set(_modules()) - set(LAYERS))
-    assert not missing, f"place these modules in a layer of tests/test_architecture.py LAYERS: {missing}"
+def unit_of(module: str) -> str:
+    """The top-level module or package a module belongs to (``_storage.store`` -> ``_storage``)."""
+    return module.split(".")[0]
 
 
-def test_no_module_imports_a_higher_layer() -> None:
-    upward = [
-        f"{name} (layer {LAYERS[name]}) imports {dep} (layer {LAYERS[dep]})"
-        for name, deps in _graph().items()
-        for dep in sorted(deps)
-        if name in LAYERS and dep in LAYERS and LAYERS[dep] > LAYERS[name]
-    ]
-    assert not upward, "\n".join(upward)
+def unit_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for name, deps in _graph().items():
+        graph.setdefault(unit_of(name), set()).update(unit_of(d) for d in deps)
+    for unit, deps in graph.items():
+        deps.discard(unit)
+    return graph
 
 
-def test_no_import_cycles() -> None:
-    graph = _graph()
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     state: dict[str, int] = {}
     stack: list[str] = []
     cycles: list[list[str]] = []
@@ -130,27 +114,130 @@ def test_no_import_cycles() -> None:
     for node in sorted(graph):
         if node not in state:
             visit(node)
+    return cycles
+
+
+def layers(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each unit's layer: 0 without imports, else one above the highest unit it imports (needs no cycle)."""
+    out: dict[str, int] = {}
+
+    def layer(unit: str) -> int:
+        if unit not in out:
+            out[unit] = 1 + max((layer(d) for d in graph.get(unit, ())), default=-1)
+        return out[unit]
+
+    for unit in graph:
+        layer(unit)
+    return out
+
+
+def is_internal(unit: str) -> bool:
+    return unit.startswith("_") and unit not in ("__init__", "_version")
+
+
+def vocabulary(graph: dict[str, set[str]]) -> set[str]:
+    """Public units the internals may use: those that import no internal unit."""
+    return {u for u, deps in graph.items() if not is_internal(u) and not any(is_internal(d) for d in deps)}
+
+
+def render_graph(graph: dict[str, set[str]]) -> str:
+    """The markdown table of units by layer, as docs/architecture.md shows it."""
+    lay = layers(graph)
+    rows = ["| layer | unit | kind | imports |", "|---|---|---|---|"]
+    for unit in sorted(graph, key=lambda u: (lay[u], u)):
+        path = f"`{unit}/`" if (PACKAGE / unit).is_dir() else f"`{unit}.py`"
+        kind = "internal" if is_internal(unit) or unit == "_version" else ("face" if unit == "__init__" else "public")
+        deps = ", ".join(f"`{d}`" for d in sorted(graph[unit], key=lambda d: (lay[d], d))) or "-"
+        rows.append(f"| {lay[unit]} | {path} | {kind} | {deps} |")
+    return "\n".join(rows) + "\n"
+
+
+def test_no_module_import_cycles() -> None:
+    cycles = _cycles(_graph())
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+def test_no_package_import_cycles() -> None:
+    cycles = _cycles(unit_graph())
+    assert not cycles, "cycles between packages: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_internal_packages_never_import_the_public_front() -> None:
+    graph = unit_graph()
+    vocab = vocabulary(graph)
+    bad = [
+        f"{unit} imports {dep}: internal code may import internal packages and {sorted(vocab)} only"
+        for unit, deps in sorted(graph.items())
+        if is_internal(unit)
+        for dep in sorted(deps)
+        if not is_internal(dep) and dep not in vocab
+    ]
+    assert not bad, "\n".join(bad)
+
+
 @pytest.mark.parametrize(
-    "adapter", ["checkpoint", "dcp", "reader", "deepspeed_config", "manifest", "planner", "inspection"]
+    "adapter",
+    ["checkpoint", "dcp", "_state.reader", "deepspeed_config", "_state.manifest", "planner", "cli.inspection"],
 )
 def test_adapters_do_not_import_the_optimizer(adapter: str) -> None:
-    assert "optimizer" not in _imports(adapter, _modules()[adapter])
+    modules = _modules()
+    if adapter not in modules:  # a package: every module in it
+        found = [n for n in modules if n.startswith(adapter + ".")]
+        assert found, f"no module {adapter}"
+    else:
+        found = [adapter]
+    for name in found:
+        assert "optimizer" not in _imports(name, modules[name]), name
 
 
-def test_the_checker_sees_a_cycle_and_an_upward_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A deliberately broken package: a imports b lazily, b imports a; layout imports the optimizer.
+def public_modules() -> list[str]:
+    """Modules of the public units (``tierstore.cli``'s subcommand modules excepted: the command is the API)."""
+    return sorted(
+        n for n in _modules()
+        if not is_internal(unit_of(n)) and unit_of(n) not in ("__init__", "_version", "_moved")
+        and not n.startswith("cli.")
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", public_modules())
+def test_every_public_module_declares_all(name: str) -> None:
+    module = importlib.import_module(f"tierstore.{name}")
+    exported = getattr(module, "__all__", None)
+    assert isinstance(exported, list), f"tierstore.{name} has no __all__: list its public names"
+    missing = [n for n in exported if not hasattr(module, n)]
+    assert not missing, f"tierstore.{name}.__all__ names what it lacks: {missing}"
+    assert not [n for n in exported if n.startswith("_") and n != "__version__"]
+
+
+def test_the_architecture_page_shows_the_package_graph() -> None:
+    text = DOC.read_text()
+    match = MARK.search(text)
+    assert match, f"{DOC} lacks the <!-- package-graph:start --> ... :end --> markers"
+    assert match.group(2) == render_graph(unit_graph()), (
+        "docs/architecture.md's package graph is out of date: run python tests/test_architecture.py"
+    )
+
+
+def test_the_checker_sees_a_cycle_and_an_internal_import_of_the_front(tmp_path: Path, monkeypatch) -> None:
+    # A deliberately broken package: _inner imports the optimizer lazily, the optimizer imports _inner.
     pkg = tmp_path / "tierstore"
-    pkg.mkdir()
+    (pkg / "_inner").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    (pkg / "layout.py").write_text("def f():\n    from .optimizer import TieredAdamW\n")
-    (pkg / "optimizer.py").write_text("from .layout import f\n")
-    monkeypatch.setattr(__import__(__name__), "PACKAGE", pkg)
-    graph = {name: _imports(name, path) for name, path in _modules().items()}
-    assert graph["layout"] == {"optimizer"} and graph["optimizer"] == {"layout"}
-    with pytest.raises(AssertionError, match="layout -> optimizer -> layout"):
-        test_no_import_cycles()
-    with pytest.raises(AssertionError, match="layout .layer 1. imports optimizer"):
-        test_no_module_imports_a_higher_layer()
+    (pkg / "errors.py").write_text("")
+    (pkg / "_inner" / "__init__.py").write_text("")
+    (pkg / "_inner" / "layout.py").write_text("from ..errors import X\ndef f():\n    from ..optimizer import TieredAdamW\n")
+    (pkg / "optimizer.py").write_text("from ._inner.layout import f\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
+    assert unit_graph()["_inner"] == {"errors", "optimizer"}
+    with pytest.raises(AssertionError, match="_inner.layout -> optimizer -> _inner.layout"):
+        test_no_module_import_cycles()
+    with pytest.raises(AssertionError, match="_inner -> optimizer -> _inner"):
+        test_no_package_import_cycles()
+    with pytest.raises(AssertionError, match="_inner imports optimizer"):
+        test_internal_packages_never_import_the_public_front()
+
+
+if __name__ == "__main__":  # rewrite the graph in docs/architecture.md
+    text = DOC.read_text()
+    DOC.write_text(MARK.sub(lambda m: m.group(1) + render_graph(unit_graph()) + m.group(3), text))
+    print(f"wrote the package graph into {DOC}")

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from tierstore import StepFailedError, TieredAdamW
-from tierstore.statedir import StateDir
-from tierstore.store import ShardStore
+from tierstore._state.statedir import StateDir
+from tierstore._storage.store import ShardStore
 
 KW = dict(lr=1e-2, ram_budget="48KiB", shard_numel=1024, commit_every=1)
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tierstore.benchmarks import resources
+from tierstore._platform.hostmem import HostBuffer
 from tierstore.cli import main
+from tierstore.cli.bench import resources
 from tierstore.errors import ConfigError
-from tierstore.hostmem import HostBuffer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,7 +50,7 @@ def test_step_needs_grow_with_contenders() -> None:
 @pytest.fixture
 def small_machine(monkeypatch):
     """1 GiB of available RAM; building the workload or the test file means the check came too late."""
-    from tierstore.benchmarks import io, workload
+    from tierstore.cli.bench import io, workload
 
     def allocated(*args, **kwargs):
         raise AssertionError("allocated before checking what the machine has")
@@ -112,13 +112,13 @@ def test_ab_step_refuses_a_clearly_too_small_machine(monkeypatch, capsys, tmp_pa
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
 def test_pinning_without_cuda_warns_once(caplog, monkeypatch) -> None:
-    import tierstore.hostmem as hostmem
+    import tierstore._platform.hostmem as hostmem
 
     monkeypatch.setattr(hostmem, "PROCESS_PINS", hostmem.PinBudget(None))  # a process that has not warned yet
-    with caplog.at_level(logging.WARNING, logger="tierstore.hostmem"):
+    with caplog.at_level(logging.WARNING, logger="tierstore._platform.hostmem"):
         buffers = [HostBuffer(4096, pin=True) for _ in range(3)]
     for b in buffers:
         assert not b.pinned
         b.close()
-    messages = [r.getMessage() for r in caplog.records if r.name == "tierstore.hostmem"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "tierstore._platform.hostmem"]
     assert messages == ["pin_memory=True, but CUDA is not available: host buffers stay pageable"]

@@ -17,9 +17,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierstore.benchmarks import floor, io, peer, rawio, rss, step, workload
+from tierstore._platform.hostmem import HostBuffer
 from tierstore.cli import main
-from tierstore.hostmem import HostBuffer
+from tierstore.cli.bench import floor, io, peer, rawio, rss, step, workload
 
 MiB = 1 << 20
 
@@ -74,7 +74,7 @@ def test_bench_step_small_writes_json_and_png_and_cleans_up(tmp_path, capsys):
 
 def test_footprint_reports_peak_rss_and_page_cache(tmp_path, capsys):
     # In-process through the child's entry point: a real child pays a fresh torch import (seconds).
-    from tierstore.benchmarks import footprint
+    from tierstore.cli.bench import footprint
 
     cfg = {"params": 200_000, "ram_budget": 400_000, "dir": str(tmp_path / "state"), "steps": 1,
            "backend": "buffered", "shard_numel": 4096}
@@ -369,7 +369,7 @@ def test_formats_step_script_with_bf16_params(tmp_path):
         assert row["at_baseline_shard_numel"]["resident_shards"] == row["resident_shards"], row["moment_dtype"]
     # Where the CPU time went: the compiled kernel ran only for the compressed formats, and the
     # machine's shares are of the step's whole CPU time.
-    from tierstore import fused_update
+    from tierstore._compute import fused_update
 
     assert rows["float32"]["cpu_median"]["kernel_s"] == 0.0
     if fused_update.kernel() is not None:
@@ -408,7 +408,7 @@ def _bench_module(name):
 
 def test_kernel_parts_variants_still_match_the_kernel_source():
     """Each timing variant replaces a line that is in codec_kernel.c exactly once (else it would rot)."""
-    from tierstore import native
+    from tierstore._compute import native
 
     parts = _bench_module("kernel_parts")
     source = native._source()
@@ -417,7 +417,7 @@ def test_kernel_parts_variants_still_match_the_kernel_source():
 
 
 def test_kernel_parts_script_times_each_variant(tmp_path):
-    from tierstore import native
+    from tierstore._compute import native
 
     if native._compiler() is None:
         pytest.skip("no C compiler on this machine")

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierstore import TieredAdamW
-from tierstore.budget import MIN_ARENA_SLOTS, plan_tiers, staging_nbytes
+from tierstore._layout.budget import MIN_ARENA_SLOTS, plan_tiers, staging_nbytes
+from tierstore._layout.layout import Layout
 from tierstore.errors import BudgetError, ConfigError
-from tierstore.layout import Layout
 from tierstore.sizes import format_size, parse_size
 
 

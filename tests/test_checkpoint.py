@@ -33,6 +33,7 @@ from tierstore import (
     StepFailedError,
     TieredAdamW,
 )
+from tierstore._layout.layout import Layout
 from tierstore.checkpoint import (
     CheckpointExistsError,
     checkpoint_to_state_dict,
@@ -43,7 +44,6 @@ from tierstore.checkpoint import (
     statedir_to_state_dict,
     verify_checkpoint,
 )
-from tierstore.layout import Layout
 
 # -- a small model, its reference, and training ------------------------------------
 

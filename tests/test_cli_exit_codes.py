@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from tierstore import TieredAdamW
+from tierstore._state.statedir import MANIFEST, _manifest_checksum
 from tierstore.cli import COMMANDS, main
-from tierstore.statedir import MANIFEST, _manifest_checksum
 
 HANG_S = 10  # what "does not hang" means here
 
@@ -188,7 +188,7 @@ def test_crafted_state_dir_ends_in_one_line_and_an_exit_code(
 
 
 def test_an_unexpected_error_is_one_line_naming_a_bug(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, state: Path) -> None:
-    import tierstore.inspection as inspection
+    import tierstore.cli.inspection as inspection
 
     def broken(path: Any) -> dict[str, Any]:
         raise KeyError("fingerprint")

@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierstore.benchmarks import codec_speed, convergence
-from tierstore.benchmarks.codec_adamw import CodecAdamW
+from tierstore.cli.bench import codec_speed, convergence
+from tierstore.cli.bench.codec_adamw import CodecAdamW
 
 
 def _model(seed: int) -> torch.nn.Module:

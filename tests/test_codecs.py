@@ -1,4 +1,4 @@
-"""Property tests of the moment codecs (:mod:`tierstore.codecs`).
+"""Property tests of the moment codecs (:mod:`tierstore._compute.codecs`).
 
 What each format promises, checked here:
 
@@ -29,10 +29,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierstore import codecs
-from tierstore.codecs import RoundingKey
+from tierstore._compute import codecs
+from tierstore._compute.codecs import RoundingKey
+from tierstore._compute.kernel import adamw
 from tierstore.errors import ConfigError
-from tierstore.kernel import adamw
 
 FORMATS = ["float32", "bfloat16", "int8"]
 FIELDS = ["exp_avg", "exp_avg_sq"]

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from tierstore import TieredAdamW
-from tierstore.store import ShardStore
+from tierstore._storage.store import ShardStore
 
 
 def _commits_sleeping(monkeypatch, seconds) -> None:

@@ -1,7 +1,7 @@
 """The "auto" commit policy measures what a commit costs the loop and spaces commits to keep it small.
 
-A simulated loop drives :class:`~tierstore.commit_policy.CommitClock` and
-:func:`~tierstore.commit_policy.due` as the journal does: each iteration
+A simulated loop drives :class:`~tierstore._state.commit_policy.CommitClock` and
+:func:`~tierstore._state.commit_policy.due` as the journal does: each iteration
 takes ``quiet`` seconds, or ``busy`` while a commit runs through it (a commit
 here lasts one iteration). The slowdown the loop sees is then what the
 policy lets through.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tierstore.commit_policy import (
+from tierstore._state.commit_policy import (
     DEFAULT_MAX_INTERVAL,
     REPROBE_STEPS,
     STALL_SHARE,

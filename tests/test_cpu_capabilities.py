@@ -24,14 +24,16 @@ import textwrap
 
 import pytest
 
-from tierstore import native
+from tierstore._compute import native
 
 CHILD = textwrap.dedent(
     """
     import json, sys
     import torch
-    from tierstore import TieredAdamW, codecs, fused_update, native, torch_private
-    from tierstore.fused_update import RECIPES, Recipe
+    from tierstore import TieredAdamW
+    from tierstore._compute import codecs, fused_update, native
+    from tierstore._platform import torch_private
+    from tierstore._compute.fused_update import RECIPES, Recipe
     from tierstore.testing.formats import FormatOracle
 
     out = {"capability": torch_private.cpu_capability()}
@@ -110,7 +112,7 @@ def test_the_compiled_update_is_bitwise_on_each_capability(capability, tmp_path)
 
 
 def test_an_unknown_capability_tries_every_recipe():
-    from tierstore import fused_update
+    from tierstore._compute import fused_update
 
     assert [r.name for r in fused_update.candidates("SVE256")] == list(fused_update.RECIPES)
     assert fused_update.candidates("AVX2")[0].name == "AVX2"
@@ -121,14 +123,15 @@ def test_a_recipe_other_than_the_capabilitys_is_chosen_when_only_it_matches(fres
     """A torch build whose kernel is another capability's (here: the capability is misreported)."""
     import logging
 
-    from tierstore import fused_update, torch_private
+    from tierstore._compute import fused_update
+    from tierstore._platform import torch_private
 
     real = torch_private.cpu_capability()
     if real not in fused_update.RECIPES:
         pytest.skip(f"capability {real} has no known recipe")
     liar = "DEFAULT" if real != "DEFAULT" else "AVX2"
     monkeypatch.setattr(torch_private, "cpu_capability", lambda: liar)
-    with caplog.at_level(logging.INFO, logger="tierstore.fused_update"):
+    with caplog.at_level(logging.INFO, logger="tierstore._compute.fused_update"):
         k = fused_update.kernel("int8")
     assert k is not None, fused_update.status("int8")
     assert k.recipe.name != liar

@@ -19,7 +19,8 @@ import random
 
 import pytest
 
-from tierstore import CorruptStateError, TieredAdamW, faults
+from tierstore import CorruptStateError, TieredAdamW
+from tierstore._platform import faults
 from tierstore.testing.crash import (
     CrashJob,
     compare,

@@ -17,13 +17,13 @@ import torch
 from torch import nn
 
 from tierstore import ConfigError, TieredAdamW
+from tierstore._layout.layout import DEFAULT_SHARD_NUMEL
 from tierstore.deepspeed_config import (
     deepspeed_kwargs,
     map_deepspeed_config,
     optimizer_arguments,
     ram_budget_for_ratio,
 )
-from tierstore.layout import DEFAULT_SHARD_NUMEL
 
 from_deepspeed_config = TieredAdamW.from_deepspeed_config
 ACCEPTED = optimizer_arguments(TieredAdamW.__init__)

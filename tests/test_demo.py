@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tierstore.cli import main
-from tierstore.demo import run as demo
-from tierstore.demo.model import BatchStream, ModelConfig, TinyGPT, load_corpus
+from tierstore.cli.demo import run as demo
+from tierstore.cli.demo.model import BatchStream, ModelConfig, TinyGPT, load_corpus
 
 
 def test_curve_equals_torch_adamw_within_budget(tmp_path):

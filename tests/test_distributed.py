@@ -27,9 +27,15 @@ from hypothesis import strategies as st
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
 import tierstore.dcp as dcp_module
-from tierstore import ConfigError, TieredAdamW, faults
+from tierstore import ConfigError, TieredAdamW
+from tierstore._platform import faults
+from tierstore._storage.dcp_memory import (
+    BLOCK_NBYTES,
+    TORCH_COPY_AHEAD,
+    BlockRing,
+    copy_ahead_of_caller,
+)
 from tierstore.dcp import TieredSavePlanner, TieredStateful, _boxes
-from tierstore.dcp_memory import BLOCK_NBYTES, TORCH_COPY_AHEAD, BlockRing, copy_ahead_of_caller
 from tierstore.testing.crash import CrashJob, step_windows
 from tierstore.testing.distributed import (
     DistJob,
@@ -401,8 +407,8 @@ def test_staging_tensor_writes_what_dcp_copies_into_the_file(tmp_path):
     """DCP narrows a staging tensor to the piece it read and copies into it: a box along any dimension."""
     from torch.distributed._shard._utils import narrow_tensor_by_index
 
+    from tierstore._storage.dcp_memory import StagingFile
     from tierstore.dcp import _Staged
-    from tierstore.dcp_memory import StagingFile
 
     file = StagingFile(3 + 24, str(tmp_path))
     want = torch.zeros(4, 6)

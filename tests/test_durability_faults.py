@@ -21,7 +21,7 @@ from tierstore import (
     StepFailedError,
     TieredAdamW,
 )
-from tierstore.reader import StateReader
+from tierstore._state.reader import StateReader
 from tierstore.testing.crash import CrashJob, compare, gradients, initial_params
 
 STEPS = 6
@@ -201,7 +201,7 @@ def test_manifest_from_another_model(tmp_path):
 
 
 def test_newer_format_version(tmp_path):
-    from tierstore import statedir
+    from tierstore._state import statedir
 
     job = _job(tmp_path)
     opt, params = _open(job)

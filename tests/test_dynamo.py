@@ -1,4 +1,4 @@
-"""``tierstore.dynamo.disable_dynamo``: no ``torch._dynamo`` import while nothing compiles, torch's behaviour once something does."""
+"""``tierstore._platform.dynamo.disable_dynamo``: no ``torch._dynamo`` import while nothing compiles, torch's behaviour once something does."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from tierstore.dynamo import disable_dynamo
+from tierstore._platform.dynamo import disable_dynamo
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,7 +33,7 @@ def test_an_optimizer_routed_through_it_never_imports_dynamo():
     out = run_fresh(
         """
         import sys, torch
-        from tierstore.dynamo import disable_dynamo
+        from tierstore._platform.dynamo import disable_dynamo
 
         class Lazy(torch.optim.Optimizer):  # as TieredAdamW: its own no_grad step
             add_param_group = disable_dynamo(torch.optim.Optimizer.add_param_group)

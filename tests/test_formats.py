@@ -31,8 +31,11 @@ import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierstore import ConfigError, LayoutMismatchError, TieredAdamW, codecs
-from tierstore.budget import plan_tiers
+from tierstore import ConfigError, LayoutMismatchError, TieredAdamW
+from tierstore._compute import codecs
+from tierstore._layout.budget import plan_tiers
+from tierstore._layout.layout import Layout
+from tierstore._state.reader import StateReader
 from tierstore.checkpoint import (
     checkpoint_to_state_dict,
     export_statedir,
@@ -40,8 +43,6 @@ from tierstore.checkpoint import (
     verify_checkpoint,
 )
 from tierstore.errors import BudgetError, CorruptStateError
-from tierstore.layout import Layout
-from tierstore.reader import StateReader
 from tierstore.sizes import parse_size
 from tierstore.testing.formats import FormatOracle
 
@@ -713,7 +714,7 @@ def test_a_compressed_format_needs_less_ram_than_float32(budget):
 def test_a_large_resident_compressed_state_keeps_a_chunk_per_worker():
     """A shard's chunks are what a compressed update runs in parallel: where the scratch costs little
     (a large state), resident shards hold at least one chunk per worker."""
-    from tierstore.spec import decide
+    from tierstore._layout.spec import decide
 
     for fmt in COMPRESSED:
         spec = decide(numel=2 * 10**7, dtypes=[torch.float32], cuda=False, amsgrad=False, keep_master=True,

@@ -1,4 +1,4 @@
-"""The fused compressed update (:mod:`tierstore.fused_update`): the torch path's bytes, or not used at all.
+"""The fused compressed update (:mod:`tierstore._compute.fused_update`): the torch path's bytes, or not used at all.
 
 The kernel runs decode -> AdamW -> encode per block in C; every test here
 holds it to decode -> ``torch._fused_adamw_`` -> encode, bit for bit, or
@@ -14,9 +14,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierstore import TieredAdamW, codecs, fused_update, native, torch_private
+from tierstore import TieredAdamW
+from tierstore._compute import codecs, fused_update, native
+from tierstore._compute.hyper import GroupHyper
+from tierstore._platform import torch_private
 from tierstore.errors import ParamsChangedError
-from tierstore.hyper import GroupHyper
 from tierstore.testing.formats import FormatOracle
 
 HAVE_CC = native._compiler() is not None
@@ -152,7 +154,7 @@ def test_a_mismatch_in_one_format_disables_that_format_only(fresh, monkeypatch, 
     broken = native._source().replace(good, good.replace(b"f->scales[k]", b"f->scales[k] * 2.0f"))
     assert broken != native._source()
     monkeypatch.setattr(native, "_source", lambda: broken)
-    with caplog.at_level(logging.WARNING, logger="tierstore.fused_update"):
+    with caplog.at_level(logging.WARNING, logger="tierstore._compute.fused_update"):
         assert fused_update.kernel("int8") is None
         assert fused_update.kernel("bfloat16") is not None
         assert fused_update.kernel() is None  # not every format
@@ -234,7 +236,7 @@ def test_a_fused_kernel_that_differs_from_torch_is_refused(fresh, monkeypatch, c
     broken = source.replace(good, bad, 1)
     assert broken != source
     monkeypatch.setattr(native, "_source", lambda: broken)
-    with caplog.at_level(logging.WARNING, logger="tierstore.fused_update"):
+    with caplog.at_level(logging.WARNING, logger="tierstore._compute.fused_update"):
         assert fused_update.kernel("int8") is None
     assert "failed its self-check" in fused_update.status("int8")
     assert any("fused update is not used" in r.getMessage() for r in caplog.records)

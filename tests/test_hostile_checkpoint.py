@@ -28,6 +28,8 @@ import pytest
 import torch
 
 from tierstore import TieredAdamW
+from tierstore._layout.layout import MAX_SHARD_NUMEL, Layout
+from tierstore._state.statedir import MANIFEST, _manifest_checksum
 from tierstore.checkpoint import (
     checkpoint_to_state_dict,
     export_statedir,
@@ -43,8 +45,6 @@ from tierstore.errors import (
     CorruptStateError,
     StateDirError,
 )
-from tierstore.layout import MAX_SHARD_NUMEL, Layout
-from tierstore.statedir import MANIFEST, _manifest_checksum
 
 SHARD = 1024
 

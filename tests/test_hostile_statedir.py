@@ -31,9 +31,9 @@ from tierstore import (
     TieredAdamW,
     TierstoreError,
 )
+from tierstore._state.reader import StateReader
+from tierstore._state.statedir import MAX_MANIFEST_BYTES, _manifest_checksum
 from tierstore.errors import ConfigError, ConfigTypeError, NoStateError, NotStateDirError
-from tierstore.reader import StateReader
-from tierstore.statedir import MAX_MANIFEST_BYTES, _manifest_checksum
 
 KW = dict(shard_numel=1024, ram_budget="40KiB", backend="buffered", lr=1e-2)
 SENTINEL = b"outside the state directory: never written\n"
@@ -443,9 +443,9 @@ def test_resume_takes_false_true_or_auto(tmp_path: Path, value) -> None:
 
 def test_a_shard_never_written_is_never_read(tmp_path: Path) -> None:
     """Bytes no checksum vouches for never reach a caller: a read of a shard with nothing committed is an error."""
-    from tierstore.budget import plan_tiers
-    from tierstore.layout import Layout
-    from tierstore.store import ShardStore
+    from tierstore._layout.budget import plan_tiers
+    from tierstore._layout.layout import Layout
+    from tierstore._storage.store import ShardStore
 
     w = torch.zeros(8192, requires_grad=True)
     layout = Layout.build([[w]], shard_numel=1024, fields=("exp_avg", "exp_avg_sq"))
@@ -460,7 +460,7 @@ def test_a_shard_never_written_is_never_read(tmp_path: Path) -> None:
 def test_chunk_files_are_never_opened_through_a_link_or_waited_on(tmp_path: Path, kind: str) -> None:
     import numpy as np
 
-    from tierstore.chunkfile import ChunkFiles
+    from tierstore._storage.chunkfile import ChunkFiles
 
     files = ChunkFiles(tmp_path / "array", chunk_numel=1024, crc32c=True, key=lambda i: f"c/{i}")
     (tmp_path / "array" / "c").mkdir(parents=True)

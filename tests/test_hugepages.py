@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tierstore import hostmem
+from tierstore._platform import hostmem
+from tierstore._platform.hostmem import HostBuffer
 from tierstore.errors import ConfigError
-from tierstore.hostmem import HostBuffer
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 THP_MODE = THP.read_text().split("[")[1].split("]")[0] if THP.exists() else "absent"

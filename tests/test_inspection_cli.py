@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from tierstore import TieredAdamW
+from tierstore._state.statedir import MANIFEST
+from tierstore._storage.store import STATE_FILES
 from tierstore.checkpoint import checkpoint_to_state_dict
 from tierstore.cli import main
-from tierstore.statedir import MANIFEST
-from tierstore.store import STATE_FILES
 
 SHARD_NUMEL = 1024
 
@@ -143,7 +143,7 @@ def test_verify_damaged_files(state_dir: Path, capsys: pytest.CaptureFixture, da
 
 def _set_format_version(d: Path, version: int) -> None:
     """Rewrite the manifest as a newer tierstore would: another version, a valid checksum."""
-    from tierstore.statedir import _manifest_checksum
+    from tierstore._state.statedir import _manifest_checksum
 
     raw = _manifest(d)
     raw["format_version"] = version

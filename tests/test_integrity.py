@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tierstore import CorruptStateError, TieredAdamW
-from tierstore.reader import StateReader
+from tierstore._state.reader import StateReader
 
 SHAPES = [(300, 7), (1000, 33), (5,), (4099,)]
 

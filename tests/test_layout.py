@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tierstore._layout.layout import FIELD_ORDER, PAGE_NUMEL, PARAM_ALIGN, STATE_ITEMSIZE, Layout
 from tierstore.errors import ConfigError
-from tierstore.layout import FIELD_ORDER, PAGE_NUMEL, PARAM_ALIGN, STATE_ITEMSIZE, Layout
 
 FIELDS = ("exp_avg", "exp_avg_sq")
 

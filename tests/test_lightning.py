@@ -13,7 +13,7 @@ uninterrupted fit bitwise, and both equal the same fit with
 Lightning wraps the optimizer in a ``LightningOptimizer`` whose class derives from
 the optimizer's and which copies its ``__dict__``; when such a wrapper went away it
 used to close the shard store (``ClosedError`` on the first step). The machinery now
-lives in a runtime shared by every copy (``tierstore.runtime``).
+lives in a runtime shared by every copy (``tierstore._runtime.runtime``).
 
 Skipped where Lightning is not installed, unless ``TIERSTORE_REQUIRE_LIGHTNING=1``
 (CI installs the ``lightning`` extra and sets it).

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tierstore import StateDirInUseError, TieredAdamW
-from tierstore.statedir import LOCK, StateDir
+from tierstore._state.statedir import LOCK, StateDir
 
 KW = dict(shard_numel=1024, backend="buffered")
 

@@ -1,4 +1,4 @@
-"""The compiled int8 codec kernel (:mod:`tierstore.native`): same bytes as torch ops, optional, safe.
+"""The compiled int8 codec kernel (:mod:`tierstore._compute.native`): same bytes as torch ops, optional, safe.
 
 Each test decides afresh (the ``fresh`` fixture of ``tests/conftest.py``) and
 leaves the process as it found it, so the other tests keep whatever this
@@ -21,7 +21,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierstore import codecs, fused_update, native
+from tierstore._compute import codecs, fused_update, native
 from tierstore.errors import ConfigError
 
 HAVE_CC = native._compiler() is not None
@@ -119,7 +119,7 @@ def test_a_kernel_that_computes_wrong_bytes_is_refused(fresh, monkeypatch, caplo
     broken = source.replace(good, bad)
     assert broken != source
     monkeypatch.setattr(native, "_source", lambda: broken)
-    with caplog.at_level(logging.WARNING, logger="tierstore.native"):
+    with caplog.at_level(logging.WARNING, logger="tierstore._compute.native"):
         assert codecs.native_kernel() is None
     assert any(f"{what} differs" in r.getMessage() for r in caplog.records)
     assert native.part_status("int8 codec").startswith(what)
@@ -219,7 +219,7 @@ def test_a_planted_library_is_never_loaded(fresh, copying_cc, monkeypatch, caplo
     loaded = []
     real = native._open
     monkeypatch.setattr(native, "_open", lambda path, source: (loaded.append(path), real(path, source))[1])
-    with caplog.at_level(logging.WARNING, logger="tierstore.native"):
+    with caplog.at_level(logging.WARNING, logger="tierstore._compute.native"):
         k = native.library()
     if how == "directory":  # cannot be replaced by a file: the build fails, nothing planted is loaded
         assert k is None and "building the compiled kernel failed" in native.status()
@@ -247,7 +247,7 @@ def test_an_unsafe_cache_directory_is_not_used(fresh, copying_cc, monkeypatch, c
             pytest.skip("needs root to give a directory another owner")
         else:
             os.chown(cache, 4242, -1)
-    with caplog.at_level(logging.WARNING, logger="tierstore.native"):
+    with caplog.at_level(logging.WARNING, logger="tierstore._compute.native"):
         k = native.library()
     try:
         assert k is not None, native.status()
@@ -315,7 +315,8 @@ def test_nothing_is_built_on_import_help_or_version(tmp_path):
     env = {**os.environ, "TIERSTORE_CACHE_DIR": str(tmp_path / "cache")}
     code = textwrap.dedent("""
         import contextlib, io, tierstore
-        from tierstore import cli, fused_update, native
+        from tierstore import cli
+        from tierstore._compute import fused_update, native
         assert native.status() == "undecided", native.status()
         assert fused_update.status(decide=False) == "undecided"
         for args in (["--version"], ["--help"], ["inspect", "--help"], ["verify", "--help"]):
@@ -337,7 +338,8 @@ def _libasan() -> str | None:
 
 ASAN_CHILD = """
 import sys, torch
-from tierstore import TieredAdamW, codecs, fused_update, native
+from tierstore import TieredAdamW
+from tierstore._compute import codecs, fused_update, native
 native.installed_path = lambda: None
 src = native._source()
 if len(sys.argv) > 1:  # the deliberately broken build: one element written past the decode's output

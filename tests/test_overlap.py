@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from tierstore import ConfigError, StepFailedError, TieredAdamW
-from tierstore.overlap import ShardBoard
+from tierstore._runtime.overlap import ShardBoard
 
 
 class Permuted(nn.Module):

@@ -1,6 +1,6 @@
 """Pinned host memory stays within its limit, is counted, and falls back to pageable with one warning.
 
-No GPU is needed: :class:`~tierstore.hostmem.PinBudget` takes the register and
+No GPU is needed: :class:`~tierstore._platform.hostmem.PinBudget` takes the register and
 unregister functions as arguments, so these tests drive success, a CUDA error
 (as ``cudaHostRegister`` returns under ``RLIMIT_MEMLOCK`` or a full pinned
 pool), a missing runtime and the limit with fakes.
@@ -13,8 +13,8 @@ import logging
 import pytest
 import torch
 
-from tierstore import hostmem
-from tierstore.hostmem import HostBuffer, PinBudget
+from tierstore._platform import hostmem
+from tierstore._platform.hostmem import HostBuffer, PinBudget
 
 MiB = 1 << 20
 CUDA_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation
@@ -48,7 +48,7 @@ class FakeCuda:
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "tierstore.hostmem"]
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "tierstore._platform.hostmem"]
 
 
 def test_pinned_bytes_are_counted_and_released_on_close():
@@ -71,7 +71,7 @@ def test_pinned_bytes_are_counted_and_released_on_close():
 def test_pinned_bytes_never_exceed_the_limit(caplog):
     cuda = FakeCuda()
     pins = cuda.budget(8 * MiB)
-    with caplog.at_level(logging.WARNING, logger="tierstore.hostmem"):
+    with caplog.at_level(logging.WARNING, logger="tierstore._platform.hostmem"):
         bufs = [HostBuffer(3 * MiB, pin=True, pins=pins) for _ in range(5)]
     assert [b.pinned for b in bufs] == [True, True, False, False, False]
     stats = pins.stats()
@@ -90,7 +90,7 @@ def test_a_cuda_error_falls_back_to_pageable_with_one_warning_naming_the_limit_a
     monkeypatch.setattr(hostmem, "memlock_limit", lambda: 64 << 10)  # ulimit -l 64
     cuda = FakeCuda(ok=1)
     pins = cuda.budget(None)
-    with caplog.at_level(logging.WARNING, logger="tierstore.hostmem"):
+    with caplog.at_level(logging.WARNING, logger="tierstore._platform.hostmem"):
         bufs = [HostBuffer(1 * MiB, pin=True, pins=pins) for _ in range(4)]
     assert [b.pinned for b in bufs] == [True, False, False, False]
     assert cuda.register_calls == 2  # after the failure no buffer tries again
@@ -112,7 +112,7 @@ def test_a_cuda_error_falls_back_to_pageable_with_one_warning_naming_the_limit_a
 def test_no_cuda_runtime_falls_back_with_one_warning(caplog):
     cuda = FakeCuda(raises=True)
     pins = cuda.budget(None)
-    with caplog.at_level(logging.WARNING, logger="tierstore.hostmem"):
+    with caplog.at_level(logging.WARNING, logger="tierstore._platform.hostmem"):
         bufs = [HostBuffer(MiB, pin=True, pins=pins) for _ in range(3)]
     assert not any(b.pinned for b in bufs) and cuda.register_calls == 1
     (message,) = warnings_of(caplog)
@@ -124,7 +124,7 @@ def test_no_cuda_runtime_falls_back_with_one_warning(caplog):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build's fallback")
 def test_the_default_register_on_a_cpu_only_build_warns_once(caplog):
     pins = PinBudget(None)  # the real cudaHostRegister seam
-    with caplog.at_level(logging.WARNING, logger="tierstore.hostmem"):
+    with caplog.at_level(logging.WARNING, logger="tierstore._platform.hostmem"):
         bufs = [HostBuffer(MiB, pin=True, pins=pins) for _ in range(3)]
     assert not any(b.pinned for b in bufs)
     assert len(warnings_of(caplog)) == 1
@@ -139,7 +139,7 @@ def test_unpin_failures_are_logged_not_raised(caplog):
 
     pins = PinBudget(None, register=lambda address, size: 0, unregister=bad_unregister)
     buf = HostBuffer(MiB, pin=True, pins=pins)
-    with caplog.at_level(logging.WARNING, logger="tierstore.hostmem"):
+    with caplog.at_level(logging.WARNING, logger="tierstore._platform.hostmem"):
         buf.close()
     assert "driver gone" in " ".join(warnings_of(caplog))
     assert pins.stats().pinned_bytes == 0

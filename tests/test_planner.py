@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierstore import ConfigError, TieredAdamW
-from tierstore.budget import OVERHEAD_BYTES
+from tierstore._layout.budget import OVERHEAD_BYTES
 from tierstore.cli import main
 from tierstore.planner import Bandwidth, load_model, parse_count, plan_memory
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tierstore import statedir
+from tierstore._platform.hostmem import HostBuffer
+from tierstore._state import statedir
 from tierstore.backends import open_backend
 from tierstore.backends.direct import BufferedFile
 from tierstore.backends.mmap_file import MmapFile
-from tierstore.hostmem import HostBuffer
 from tierstore.testing.crash import CrashJob
 from tierstore.testing.fsimage import Op, Recording
 from tierstore.testing.fsrecord import Recorder

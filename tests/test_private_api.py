@@ -1,4 +1,4 @@
-"""Every private API tierstore calls goes through ``tierstore.torch_private``, which checks it exists (issue 21).
+"""Every private API tierstore calls goes through ``tierstore._platform.torch_private``, which checks it exists (issue 21).
 
 Each wrapper is tested twice: it does what the private API does, and with the
 API taken away (monkeypatched) it falls back to a public equivalent with the
@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tierstore import ConfigError, TieredAdamW, dynamo, torch_private
+from tierstore import ConfigError, TieredAdamW
+from tierstore._platform import dynamo, torch_private
 
 PACKAGE = Path(__file__).resolve().parent.parent / "tierstore"
 
@@ -105,7 +106,7 @@ def test_disable_dynamo_wraps_and_falls_back_to_the_function(monkeypatch) -> Non
     monkeypatch.delattr(torch, "_disable_dynamo")
     assert torch_private.disable_dynamo(f) is f
     assert torch_private.disable_dynamo_wrapper_code() is None
-    # tierstore.dynamo still works: a function calls through, torch's wrapper is not recognised.
+    # tierstore._platform.dynamo still works: a function calls through, torch's wrapper is not recognised.
     monkeypatch.setattr(dynamo, "_TORCH_WRAPPER_CODE", None)
     assert dynamo.disable_dynamo(f)(2) == 3
 

@@ -226,7 +226,7 @@ def test_the_plan_holds_against_measured_rss(dtype, params):
     within the overhead of the planned total."""
     import torch
 
-    from tierstore.benchmarks.workload import param_sizes
+    from tierstore.cli.bench.workload import param_sizes
     from tierstore.planner import plan_memory
 
     tensors = [torch.empty(n, device="meta", dtype=getattr(torch, dtype), requires_grad=True) for n in param_sizes(params)]
@@ -277,7 +277,7 @@ def test_the_kit_catches_64_mib_beyond_the_budget():
 
 
 def test_the_probe_sees_a_transient_peak_that_is_gone_by_the_end():
-    from tierstore.hostmem import HostBuffer
+    from tierstore._platform.hostmem import HostBuffer
 
     size = 16 * MiB
     probe = MemoryProbe()
@@ -294,9 +294,9 @@ def test_mmap_backend_maps_little_per_request_in_flight(tmp_path, request_bytes)
     """8 workers per direction, as the optimizer runs them; before the fix the file pages mapped
     at peak were 12-16 MiB with 1 MiB requests (the kernel's read-around on the first fault)
     and 52 MiB with 8 MiB requests (whole requests copied at once)."""
+    from tierstore._platform.hostmem import HostBuffer
+    from tierstore._storage.transfer import IOQueue
     from tierstore.backends import open_backend
-    from tierstore.hostmem import HostBuffer
-    from tierstore.transfer import IOQueue
 
     nbytes = 96 * MiB
     buf = HostBuffer(8 * MiB, pin=False)

@@ -23,9 +23,9 @@ import pytest
 import torch
 from torch import nn
 
-import tierstore.update
+import tierstore._runtime.update
 from tierstore import StepFailedError, TieredAdamW
-from tierstore.overlap import Attachment
+from tierstore._runtime.overlap import Attachment
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,7 +53,7 @@ def _fail_the_second_shard(monkeypatch) -> None:
             if len(hits) == 2:
                 raise OSError(5, "injected: Input/output error")
 
-    monkeypatch.setattr(tierstore.update, "crash_point", crash)
+    monkeypatch.setattr(tierstore._runtime.update, "crash_point", crash)
 
 
 @pytest.mark.parametrize("behind", [False, True], ids=["synchronous", "behind-the-loop"])
@@ -180,7 +180,7 @@ def test_repr_and_describe_never_build_the_kernel(tmp_path) -> None:
     cache.mkdir()
     out = _run(
         """
-        import json, tierstore.native as native
+        import json, tierstore._compute.native as native
         native.installed_path = lambda: None  # as after an install without a compiler
         import torch
         from tierstore import TieredAdamW
@@ -206,7 +206,7 @@ def test_the_users_thread_count_is_never_changed() -> None:
         import json, tempfile, threading, time
         import torch
         torch.set_num_threads(2)
-        import tierstore.update
+        import tierstore._runtime.update
         from tierstore import TieredAdamW
         calls, seen, in_update = [], set(), set()
         real_set = torch.set_num_threads
@@ -214,11 +214,11 @@ def test_the_users_thread_count_is_never_changed() -> None:
             calls.append((threading.current_thread().name, n))
             real_set(n)
         torch.set_num_threads = recording_set
-        real_adamw = tierstore.update.adamw
+        real_adamw = tierstore._runtime.update.adamw
         def adamw(*args, **kwargs):
             in_update.add(torch.get_num_threads())
             return real_adamw(*args, **kwargs)
-        tierstore.update.adamw = adamw
+        tierstore._runtime.update.adamw = adamw
         def probe():
             box = []
             t = threading.Thread(target=lambda: box.append(torch.get_num_threads()))

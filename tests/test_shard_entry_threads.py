@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from tierstore import TieredAdamW
-from tierstore.budget import plan_tiers
-from tierstore.layout import Layout
-from tierstore.reader import StateReader
-from tierstore.store import ShardStore
+from tierstore._layout.budget import plan_tiers
+from tierstore._layout.layout import Layout
+from tierstore._state.reader import StateReader
+from tierstore._storage.store import ShardStore
 
 SHAPES = [(1000,), (3000,), (17,), (64, 64), (5000,), (2048,), (300, 7), (9000,), (33, 33), (8000,), (4100,)]
 STEPS = 300

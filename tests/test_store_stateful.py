@@ -3,8 +3,8 @@
 Whatever the tier of a shard (resident in RAM or streamed from a file through
 the arena), whatever order shards are visited in and however deep the
 prefetch queue is, a read of a shard returns the bytes of the last committed
-write of that shard. The machine drives :class:`~tierstore.store.ShardStore`
-and :class:`~tierstore.pipeline.ShardPipeline` the way the optimizer does:
+write of that shard. The machine drives :class:`~tierstore._storage.store.ShardStore`
+and :class:`~tierstore._storage.pipeline.ShardPipeline` the way the optimizer does:
 every mutating pass is followed by ``commit``.
 """
 
@@ -24,10 +24,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from tierstore.budget import plan_tiers
-from tierstore.layout import FIELD_ORDER, Layout
-from tierstore.pipeline import ShardPipeline
-from tierstore.store import ShardStore
+from tierstore._layout.budget import plan_tiers
+from tierstore._layout.layout import FIELD_ORDER, Layout
+from tierstore._storage.pipeline import ShardPipeline
+from tierstore._storage.store import ShardStore
 
 BACKENDS = ("direct", "buffered", "mmap")
 

@@ -23,10 +23,10 @@ converts: a checkpoint of any format loads into an optimizer of any format
 
 Saving streams shard by shard through the optimizer's arena (one chunk of
 each field in flight), loading streams back; both go through the optimizer's
-public access protocol (:mod:`tierstore.access`: ``visit_shards``,
+public access protocol (:mod:`tierstore._runtime.access`: ``visit_shards``,
 ``replace_shards``). The chunk files of float32 arrays (masters, fp32
 moments, int8 scales) are written from and read into the arena itself
-(:mod:`tierstore.chunkfile`; zarr writes and reads the metadata), so they
+(:mod:`tierstore._storage.chunkfile`; zarr writes and reads the metadata), so they
 need no RAM beyond ``ram_budget`` but a 1 MiB scratch buffer, used when the
 loading optimizer cuts its shards elsewhere than the checkpoint's chunks;
 the code arrays of a compressed format (a half or a quarter of a float32
@@ -76,23 +76,9 @@ import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec
 from zarr.core.buffer import default_buffer_prototype
 
-from . import codecs
-from . import manifest as manifest_mod
-from ._version import __version__
-from .access import ShardAccess
-from .chunkfile import SCRATCH_NBYTES, ChunkFiles, sync_and_drop
-from .errors import (
-    CheckpointExistsError,
-    ConfigError,
-    CorruptStateError,
-    DiskFullError,
-    FormatVersionError,
-    LayoutMismatchError,
-    StateDirError,
-)
-from .hyper import check_hyper
-from .integrity import BlockDigests, shard_checksum
-from .layout import (
+from ._compute import codecs
+from ._compute.hyper import check_hyper
+from ._layout.layout import (
     DEFAULT_SHARD_NUMEL,
     FIELD_OF_STATE_KEY,
     MASTER_KEY,
@@ -103,8 +89,35 @@ from .layout import (
     ShardSpec,
     fields_for,
 )
-from .statedir import fsync_dir
-from .torch_format import empty_state_dict, flat_sources, positions, require_amsgrad_field
+from ._layout.torch_format import empty_state_dict, flat_sources, positions, require_amsgrad_field
+from ._runtime.access import ShardAccess
+from ._state import manifest as manifest_mod
+from ._state.statedir import fsync_dir
+from ._storage.chunkfile import SCRATCH_NBYTES, ChunkFiles, sync_and_drop
+from ._storage.integrity import BlockDigests, shard_checksum
+from ._version import __version__
+from .errors import (
+    CheckpointExistsError,
+    ConfigError,
+    CorruptStateError,
+    DiskFullError,
+    FormatVersionError,
+    LayoutMismatchError,
+    StateDirError,
+)
+
+__all__ = [
+    "save_checkpoint",
+    "load_checkpoint",
+    "export_statedir",
+    "checkpoint_to_state_dict",
+    "statedir_to_state_dict",
+    "state_dict_to_checkpoint",
+    "verify_checkpoint",
+    "read_checkpoint_attributes",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+]
 
 log = logging.getLogger(__name__)
 
@@ -535,7 +548,7 @@ def save_checkpoint(opt: ShardAccess, path: str | os.PathLike, *, overwrite: boo
     Parameters
     ----------
     opt
-        An open :class:`~tierstore.TieredAdamW` (any :class:`~tierstore.access.ShardAccess`).
+        An open :class:`~tierstore.TieredAdamW` (any :class:`~tierstore._runtime.access.ShardAccess`).
     path
         Directory of the zarr group to create (local filesystem).
     overwrite
@@ -680,8 +693,8 @@ def check_state_files(state_dir: str | os.PathLike) -> Path:
     >>> check_state_files(tempfile.mkdtemp()).is_dir()
     True
     """
-    from .statedir import MANIFEST
-    from .store import STATE_FILES
+    from ._state.statedir import MANIFEST
+    from ._storage.store import STATE_FILES
 
     path = Path(state_dir).expanduser()
     try:
@@ -708,7 +721,7 @@ def check_state_files(state_dir: str | os.PathLike) -> Path:
 
 
 def open_state_reader(state_dir: str | os.PathLike) -> Any:
-    """A :class:`~tierstore.reader.StateReader` over ``state_dir``, its files checked first (:func:`check_state_files`)
+    """A :class:`~tierstore._state.reader.StateReader` over ``state_dir``, its files checked first (:func:`check_state_files`)
     and its manifest's step counts, param groups and shard records checked (:func:`check_manifest_header`).
 
     Raises
@@ -729,7 +742,7 @@ def open_state_reader(state_dir: str | os.PathLike) -> Any:
     ...     reader.step_count
     1
     """
-    from .reader import StateReader
+    from ._state.reader import StateReader
 
     reader = StateReader(check_state_files(state_dir))
     try:
@@ -760,7 +773,7 @@ def check_manifest_header(reader: Any) -> tuple[int, list[float | None], list[di
     ...     check_manifest_header(reader)[:2]
     (1, [1.0])
     """
-    from .statedir import MANIFEST
+    from ._state.statedir import MANIFEST
 
     m = reader.manifest
     where = f"the manifest {reader.path / MANIFEST}"
@@ -1219,7 +1232,7 @@ def _check_header(
     Step counts are non-negative whole numbers (:data:`MAX_STEP` at most), one per
     parameter or ``None``; every group a parameter names exists, and its
     hyperparameters are values ``torch.optim.AdamW`` accepts
-    (:func:`tierstore.hyper.check_hyper`); a group using amsgrad needs the
+    (:func:`tierstore._compute.hyper.check_hyper`); a group using amsgrad needs the
     ``max_exp_avg_sq`` field.
 
     Returns

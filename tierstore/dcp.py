@@ -24,14 +24,14 @@ so the *default* planners work:
   block at a time (``__get_tensor_shard__``); the block's shard is visited
   through the optimizer's arena (``visit_shards``: the shard stays in its
   arena slot for the blocks after it) and copied into a reused buffer
-  (:class:`~tierstore.dcp_memory.BlockRing`) that DCP's writer writes out
+  (:class:`~tierstore._storage.dcp_memory.BlockRing`) that DCP's writer writes out
   before it asks for the next block. :class:`TieredSavePlanner` orders the
   blocks so that every shard is read once.
 - load: DCP copies each piece it reads into a staging file (a shared,
   unlinked memory map in the state directory, the size of this rank's
   state); ``load_state_dict`` then streams it into the shards and commits.
   Pages leave the process once filled and once streamed
-  (:class:`~tierstore.dcp_memory.Staging`).
+  (:class:`~tierstore._storage.dcp_memory.Staging`).
 
 RAM beyond ``ram_budget`` (inside tierstore's fixed 16 MiB overhead):
 saving, one 2 MiB block buffer per writer thread; loading, the chunk DCP's
@@ -82,13 +82,16 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 
-from . import dcp_memory, torch_private
-from .access import ShardAccess
-from .dcp_memory import BLOCK_NBYTES, BlockRing, StagingFile
-from .dtensor import local_tensor
+from ._layout.layout import STATE_KEY_OF_FIELD, Layout, ShardSpec
+from ._layout.torch_format import require_amsgrad_field, step_tensor
+from ._platform import torch_private
+from ._platform.dtensor import local_tensor
+from ._runtime.access import ShardAccess
+from ._storage import dcp_memory
+from ._storage.dcp_memory import BLOCK_NBYTES, BlockRing, StagingFile
 from .errors import ConfigError
-from .layout import STATE_KEY_OF_FIELD, Layout, ShardSpec
-from .torch_format import require_amsgrad_field, step_tensor
+
+__all__ = ["TieredStateful", "TieredSavePlanner", "Stats", "STEP_COUNT_KEY"]
 
 log = logging.getLogger(__name__)
 

@@ -61,13 +61,23 @@ from typing import Any
 
 from torch import Tensor
 
-from .budget import staging_nbytes
-from .dtensor import local_tensor
+from ._config.knobs import Knobs
+from ._layout.budget import staging_nbytes
+from ._layout.layout import DEFAULT_SHARD_NUMEL, Layout
+from ._layout.spec import decide_for
+from ._platform.dtensor import local_tensor
 from .errors import ConfigError
-from .knobs import Knobs
-from .layout import DEFAULT_SHARD_NUMEL, Layout
 from .sizes import format_size
-from .spec import decide_for
+
+__all__ = [
+    "DeepSpeedMapping",
+    "load_config",
+    "map_deepspeed_config",
+    "deepspeed_kwargs",
+    "optimizer_arguments",
+    "ram_budget_for_ratio",
+    "materialize_params",
+]
 
 log = logging.getLogger(__name__)
 

@@ -57,14 +57,26 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor, nn
-
+from ._platform.factory import resolve
 from .errors import ConfigError
-from .factory import resolve
 from .sizes import format_size, parse_size
+
+if TYPE_CHECKING:  # torch is imported where it is used: `import tierstore` stays fast (the CLI's --help)
+    import torch
+    from torch import Tensor, nn
+
+__all__ = [
+    "diagnose",
+    "MemoryReport",
+    "Phase",
+    "default_loss",
+    "build_from_factory",
+    "CudaProbe",
+    "RssProbe",
+    "probe_for",
+]
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +94,14 @@ class CudaProbe:
         self.device = device
 
     def current(self) -> int:
+        import torch
         torch.cuda.synchronize(self.device)
         return int(torch.cuda.memory_allocated(self.device))
 
     @contextlib.contextmanager
     def watch(self) -> Iterator[list[int]]:
         """Yield a one-element list that holds the peak of the block when it ends."""
+        import torch
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         box = [0]
@@ -237,6 +251,7 @@ def _signed(n: int) -> str:
 # -- measuring ---------------------------------------------------------------
 def _storages(tensors: Iterator[Tensor]) -> dict[int, int]:
     """data_ptr -> nbytes of the distinct storages behind ``tensors``."""
+    from torch import Tensor
     seen: dict[int, int] = {}
     for t in tensors:
         if isinstance(t, Tensor) and t.device.type != "meta":
@@ -246,6 +261,7 @@ def _storages(tensors: Iterator[Tensor]) -> dict[int, int]:
 
 
 def _tensors_in(obj: Any) -> Iterator[Tensor]:
+    from torch import Tensor
     if isinstance(obj, Tensor):
         yield obj
     elif isinstance(obj, Mapping):
@@ -264,6 +280,7 @@ def default_loss(model: nn.Module, batch: Any) -> Tensor:
     ConfigError
         If the output holds no tensor to use as a loss.
     """
+    from torch import Tensor
     if isinstance(batch, Mapping):
         out = model(**batch)
     elif isinstance(batch, (tuple, list)):
@@ -340,11 +357,14 @@ def diagnose(
 
     Example
     -------
+    >>> import torch
     >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
     >>> report = diagnose(model, torch.randn(100_000, 8))
     >>> report.dominant
     'activations'
     """
+    import torch
+    from torch import Tensor
     # Note: loss_fn may be positional (the three-argument form reads naturally); the rest is keyword-only.
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
@@ -534,6 +554,7 @@ def build_from_factory(spec: str, *, batch_size: int | None = None) -> tuple[nn.
     ConfigError
         If the factory cannot be called so, fails, or returns something else.
     """
+    from torch import nn
     factory = resolve(spec, flag="--model")
     kwargs = {}
     if batch_size is not None:
@@ -566,6 +587,7 @@ def build_from_factory(spec: str, *, batch_size: int | None = None) -> tuple[nn.
 
 
 def _to(obj: Any, device: torch.device) -> Any:
+    from torch import Tensor
     if isinstance(obj, Tensor):
         return obj.to(device)
     if isinstance(obj, Mapping):
@@ -594,6 +616,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``tierstore diagnose``: build, measure, print."""
+    import torch
     if args.batch_size is not None and args.batch_size < 1:
         raise ConfigError(f"--batch-size {args.batch_size} must be >= 1")
     model, batch, loss_fn = build_from_factory(args.model, batch_size=args.batch_size)

@@ -16,6 +16,26 @@ True
 
 from __future__ import annotations
 
+__all__ = [
+    "TierstoreError",
+    "ConfigError",
+    "ConfigTypeError",
+    "BudgetError",
+    "ParamsChangedError",
+    "StateDirError",
+    "StateDirInUseError",
+    "StateExistsError",
+    "NoStateError",
+    "NotStateDirError",
+    "LayoutMismatchError",
+    "FormatVersionError",
+    "CorruptStateError",
+    "DiskFullError",
+    "BackendError",
+    "ClosedError",
+    "CheckpointExistsError",
+    "StepFailedError",
+]
 
 class TierstoreError(Exception):
     """Base class of every error tierstore raises on purpose."""

@@ -2,11 +2,11 @@
 
 The optimizer is the front: it validates its arguments, builds the state's
 layout and machinery, gathers each step's gradients and delegates. What the
-state holds is decided by :mod:`tierstore.spec`, the per-shard update is
-:mod:`tierstore.update`, the commit protocol :mod:`tierstore.journal`, the
-running machinery and its lifetime :mod:`tierstore.runtime`, and torch's
-state-dict format :mod:`tierstore.torch_format`. Adapters (checkpoints, DCP)
-use the public access protocol of :mod:`tierstore.access`.
+state holds is decided by :mod:`tierstore._layout.spec`, the per-shard update is
+:mod:`tierstore._runtime.update`, the commit protocol :mod:`tierstore._state.journal`, the
+running machinery and its lifetime :mod:`tierstore._runtime.runtime`, and torch's
+state-dict format :mod:`tierstore._layout.torch_format`. Adapters (checkpoints, DCP)
+use the public access protocol of :mod:`tierstore._runtime.access`.
 
 Example
 -------
@@ -29,24 +29,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import torch_private
-from .access import ShardVisit
-from .budget import TierPlan
-from .codecs import moment_format
-from .commit_policy import CommitPolicy
-from .dtensor import placed_like
-from .dynamo import disable_dynamo
-from .errors import ConfigError, ParamsChangedError
-from .grad_offload import DEFAULT_BUCKET_BYTES
-from .hyper import GroupHyper, check_hyper, scalar_betas
-from .journal import Journal
-from .knobs import Knobs, check_int
-from .layout import Layout, layout_format
-from .runtime import Runtime, StepStats
-from .sizes import parse_size
-from .spec import check_param_kinds
-from .startup import start
-from .torch_format import (
+from ._compute.codecs import moment_format
+from ._compute.hyper import GroupHyper, check_hyper, scalar_betas
+from ._config.knobs import Knobs, check_int
+from ._layout.budget import TierPlan
+from ._layout.layout import Layout, layout_format
+from ._layout.spec import check_param_kinds
+from ._layout.torch_format import (
     GROUP_DEFAULTS,
     OWN_STATE_KEYS,
     check_same_params,
@@ -58,12 +47,25 @@ from .torch_format import (
     packed_groups,
     param_steps,
 )
-from .update import gather, master_sync
+from ._platform import torch_private
+from ._platform.dtensor import placed_like
+from ._platform.dynamo import disable_dynamo
+from ._runtime.access import ShardVisit
+from ._runtime.grad_offload import DEFAULT_BUCKET_BYTES
+from ._runtime.runtime import Runtime, StepStats
+from ._runtime.startup import start
+from ._runtime.update import gather, master_sync
+from ._state.commit_policy import CommitPolicy
+from ._state.journal import Journal
+from .errors import ConfigError, ParamsChangedError
+from .sizes import parse_size
+
+__all__ = ["TieredAdamW"]
 
 log = logging.getLogger(__name__)
 
 # torch marks these with torch._disable_dynamo, whose first call imports torch._dynamo
-# (70 MiB of RSS): call them without it while nothing compiles (tierstore.dynamo).
+# (70 MiB of RSS): call them without it while nothing compiles (tierstore._platform.dynamo).
 _TORCH_ADD_PARAM_GROUP = disable_dynamo(torch.optim.Optimizer.add_param_group)
 _TORCH_ZERO_GRAD = disable_dynamo(torch.optim.Optimizer.zero_grad)
 
@@ -126,7 +128,7 @@ class TieredAdamW(torch.optim.Optimizer):
         How often a durable optimizer commits, in the background: ``"auto"``
         (as often as the drive keeps up, at least every 5 minutes), a step
         count, a duration such as ``"10min"``, or both as a pair (see
-        :mod:`tierstore.commit_policy`, :attr:`committed_step`, :meth:`commit`).
+        :mod:`tierstore._state.commit_policy`, :attr:`committed_step`, :meth:`commit`).
     resume
         ``True``: continue the committed state in ``state_dir`` (a missing
         or empty directory is a ``NoStateError`` naming it); ``"auto"``:
@@ -364,7 +366,7 @@ class TieredAdamW(torch.optim.Optimizer):
         rt.schedule_step(update, progress=rt.progress(update), knobs=self._knobs)
         return loss
 
-    # -- behind the training loop (tierstore.overlap) -----------------
+    # -- behind the training loop (tierstore._runtime.overlap) -----------------
     def attach(
         self,
         model: torch.nn.Module,
@@ -380,7 +382,7 @@ class TieredAdamW(torch.optim.Optimizer):
         waits for that module's parameters, so results stay bitwise equal to
         the synchronous step. Code that reads parameters outside a forward
         (``model.state_dict()``, an EMA) calls :meth:`synchronize` first.
-        See :mod:`tierstore.overlap`.
+        See :mod:`tierstore._runtime.overlap`.
 
         ``overlap=None`` runs a step behind the loop when something can hide
         there: shards streamed from disk, or copies to a GPU. A step of
@@ -392,7 +394,7 @@ class TieredAdamW(torch.optim.Optimizer):
         gradients leave the device as backward finishes each, into host
         buffers; ``param.grad`` is then ``None``: clip with
         :meth:`clip_grad_norm_`, unscale with :meth:`unscale_`. See
-        :mod:`tierstore.grad_offload`.
+        :mod:`tierstore._runtime.grad_offload`.
 
         Raises
         ------
@@ -559,7 +561,7 @@ class TieredAdamW(torch.optim.Optimizer):
         for post_hook in torch_private.optimizer_hooks(self, "load_state_dict_post"):
             post_hook(self)
 
-    # -- the access protocol for adapters (tierstore.access) ----------
+    # -- the access protocol for adapters (tierstore._runtime.access) ----------
     def param_steps(self) -> list[float | None]:
         """Each parameter's AdamW step, in layout order (``None`` before its first)."""
         return param_steps(self.state, self._params)
@@ -575,7 +577,7 @@ class TieredAdamW(torch.optim.Optimizer):
         through the arena, so this needs no RAM beyond the budget; ``flat`` is
         valid only during the call. Returns the shards read from the drive
         (resident shards and shards still in an arena slot are not read).
-        See :mod:`tierstore.access`.
+        See :mod:`tierstore._runtime.access`.
         """
         threads = self._knobs.codec_threads(streaming=False, behind=False)
         return self._runtime().visit(self._layout, visit, shards, decode_threads=threads)
@@ -584,8 +586,8 @@ class TieredAdamW(torch.optim.Optimizer):
         """Call ``visit(shard, extent)`` with every shard's stored bytes, read-only.
 
         ``extent`` holds the shard's fields as stored (the moments in
-        :attr:`moment_dtype`), see :meth:`~tierstore.layout.Layout.stored_field`;
-        in ``"float32"`` it is what :meth:`visit_shards` gives. See :mod:`tierstore.access`.
+        :attr:`moment_dtype`), see :meth:`~tierstore._layout.layout.Layout.stored_field`;
+        in ``"float32"`` it is what :meth:`visit_shards` gives. See :mod:`tierstore._runtime.access`.
         """
         self._runtime().visit(self._layout, visit, shards)
 
@@ -599,7 +601,7 @@ class TieredAdamW(torch.optim.Optimizer):
         step_count: int | None = None,
         stored: bool = False,
     ) -> None:
-        """Overwrite the whole state, shard by shard, and commit it (see :mod:`tierstore.access`).
+        """Overwrite the whole state, shard by shard, and commit it (see :mod:`tierstore._runtime.access`).
 
         ``fill(shard, flat)`` sets every fp32 element of ``flat`` (with
         ``stored=True``: every stored byte of the extent). Masters of
@@ -621,7 +623,7 @@ class TieredAdamW(torch.optim.Optimizer):
         groups_like_torch: bool = False,
     ) -> None:
         """:meth:`replace_shards`; ``groups_like_torch``: groups become the given ones, as torch's
-        ``load_state_dict`` makes them (:func:`~tierstore.torch_format.restore_groups`)."""
+        ``load_state_dict`` makes them (:func:`~tierstore._layout.torch_format.restore_groups`)."""
         rt = self._runtime()
         given = masters_given or set()
         rt.replace(self._layout, fill, sync=master_sync(self._layout, self._params, to_params=given.__contains__),

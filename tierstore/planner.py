@@ -2,7 +2,7 @@
 
 :func:`plan_memory` answers "will this model fit on my box, and how fast can a
 step be?" for a parameter count or a real ``nn.Module``. It builds the same
-:class:`~tierstore.layout.Layout` and :func:`~tierstore.budget.plan_tiers`
+:class:`~tierstore._layout.layout.Layout` and :func:`~tierstore._layout.budget.plan_tiers`
 split that :class:`~tierstore.TieredAdamW` would build, over tensors on the
 ``meta`` device (no memory is allocated), so the planner and the optimizer
 never disagree about bytes. The CLI (:func:`run`) formats the result.
@@ -19,7 +19,7 @@ The formulas, for P trainable parameters with ``b`` bytes each (4 in fp32,
 - host: arena ``(prefetch_depth + 2)`` slots of the largest shard, staging
   buffers, a compressed format's decode scratch, resident shards (stored
   compressed): what ``ram_budget`` bounds; plus the fixed overhead
-  :data:`~tierstore.budget.OVERHEAD_BYTES` (16 MiB; on a GPU it holds the
+  :data:`~tierstore._layout.budget.OVERHEAD_BYTES` (16 MiB; on a GPU it holds the
   two 4 MiB gradient buckets); plus the model's weights and grads when it
   trains on the CPU. On a GPU the budget's buffers and the buckets are
   pinned;
@@ -66,15 +66,34 @@ from pathlib import Path
 
 import torch
 
-from .budget import OVERHEAD_BYTES, TierPlan, plan_tiers, staging_nbytes
-from .codecs import FORMATS, moment_format
+from ._compute.codecs import FORMATS, moment_format
+from ._config.knobs import Knobs
+from ._layout.budget import OVERHEAD_BYTES, TierPlan, plan_tiers, staging_nbytes
+from ._layout.layout import DEFAULT_SHARD_NUMEL, MOMENT_FIELDS, STATE_ITEMSIZE, Layout
+from ._layout.spec import decide
+from ._platform.factory import resolve
+from ._runtime.grad_offload import DEFAULT_BUCKET_BYTES
 from .errors import BudgetError, ConfigError
-from .factory import resolve
-from .grad_offload import DEFAULT_BUCKET_BYTES
-from .knobs import Knobs
-from .layout import DEFAULT_SHARD_NUMEL, MOMENT_FIELDS, STATE_ITEMSIZE, Layout
 from .sizes import format_size, parse_size
-from .spec import decide
+
+__all__ = [
+    "MemoryPlan",
+    "plan_memory",
+    "format_plan",
+    "Bandwidth",
+    "GpuTier",
+    "HostTier",
+    "DiskTier",
+    "Traffic",
+    "StepTime",
+    "Endurance",
+    "TorchBaseline",
+    "Shortfall",
+    "load_model",
+    "read_io_json",
+    "VERDICTS",
+    "EXIT_DOES_NOT_FIT",
+]
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEFAULT_PREFETCH_DEPTH = Knobs.prefetch_depth  # as TieredAdamW

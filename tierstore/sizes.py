@@ -16,6 +16,8 @@ import re
 
 from .errors import ConfigError
 
+__all__ = ["parse_size", "format_size"]
+
 _UNITS = {
     "": 1,
     "b": 1,

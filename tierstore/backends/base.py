@@ -10,7 +10,7 @@ Example
 -------
 >>> import tempfile, pathlib
 >>> from tierstore.backends import open_backend
->>> from tierstore.hostmem import HostBuffer
+>>> from tierstore._platform.hostmem import HostBuffer
 >>> d = pathlib.Path(tempfile.mkdtemp())
 >>> f = open_backend("mmap", d / "state.bin", 8192, create=True)
 >>> buf = HostBuffer(4096); _ = buf.tensor.fill_(7)
@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..errors import BackendError, CorruptStateError, DiskFullError, TierstoreError
+
+__all__ = ["ShardFile", "open_regular", "open_fd", "preallocate", "io_error"]
 
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)

@@ -9,7 +9,7 @@ used, for filesystems such as tmpfs that refuse ``O_DIRECT``).
 Example
 -------
 >>> import tempfile, pathlib
->>> from tierstore.hostmem import HostBuffer
+>>> from tierstore._platform.hostmem import HostBuffer
 >>> d = pathlib.Path(tempfile.mkdtemp())
 >>> f = BufferedFile(d / "s.bin", 4096, create=True)
 >>> b = HostBuffer(4096); f.write_from(b.view, 0); f.read_into(b.view, 0); f.close(); b.close()
@@ -22,6 +22,8 @@ from typing import ClassVar
 
 from ..errors import CorruptStateError
 from .base import ShardFile, io_error
+
+__all__ = ["BufferedFile", "DirectFile"]
 
 O_DIRECT = getattr(os, "O_DIRECT", 0)
 

@@ -30,7 +30,7 @@ and ``os.fdatasync`` for the other backends.
 Example
 -------
 >>> import tempfile, pathlib
->>> from tierstore.hostmem import HostBuffer
+>>> from tierstore._platform.hostmem import HostBuffer
 >>> d = pathlib.Path(tempfile.mkdtemp())
 >>> f = MmapFile(d / "s.bin", 4096, create=True)
 >>> b = HostBuffer(4096); f.write_from(b.view, 0); f.read_into(b.view, 0); f.close(); b.close()
@@ -47,6 +47,8 @@ import torch
 
 from ..errors import CorruptStateError
 from .base import ShardFile, io_error
+
+__all__ = ["MmapFile"]
 
 COPY_STEP_BYTES = 256 << 10  # 256 KiB: the most RSS one request in flight maps at a time
 

@@ -22,3 +22,5 @@ Example
 >>> class TestMmap(BackendTests):
 ...     backend = "mmap"
 """
+
+__all__: list[str] = []  # the kits are the submodules above, each imported by name

@@ -39,10 +39,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from .._platform.hostmem import HostBuffer
+from .._storage.transfer import IOQueue
 from ..backends import BACKENDS, ShardFile, open_backend
 from ..errors import BackendError, CorruptStateError, DiskFullError, TierstoreError
-from ..hostmem import HostBuffer
-from ..transfer import IOQueue
 from .fsrecord import Recorder
 
 PAGE = 4096

@@ -5,7 +5,7 @@ shapes, gradients derived from the step number, budget, backend). :func:`run_chi
 trains it in a child process that resumes from the job's state directory and
 optionally kills it with ``SIGKILL``:
 
-- at a named crash point (:mod:`tierstore.faults`), counting only the hits in
+- at a named crash point (:mod:`tierstore._platform.faults`), counting only the hits in
   the phases the test names (``crash=(point, after, during)``), or
 - at a random instant inside one phase (``kill_in=(phase, delay)``): the
   parent watches the child's phase and kills it ``delay`` seconds after the
@@ -46,6 +46,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+__all__ = [
+    "CrashJob",
+    "initial_params",
+    "gradients",
+    "Snapshot",
+    "trajectory",
+    "moment_dtype",
+    "reference",
+    "differences",
+    "compare",
+    "phase_names",
+    "step_windows",
+    "Progress",
+    "train",
+    "ChildResult",
+    "kill_when_due",
+    "run_child",
+    "killed_state_problems",
+]
 
 _CONTEXT: mp.context.BaseContext | None = None
 POLL_SECONDS = 0.0002  # how often the parent looks at the child's phase while it waits to kill
@@ -241,7 +261,7 @@ class Progress:
     # -- child side
     def enter(self, name: str) -> None:
         """Start phase ``name``; hold first if the phase being left is the gate (wait for the kill)."""
-        from tierstore import faults
+        from .._platform import faults
 
         if self.phase.value == self.gate:
             self.waiting.value = 1
@@ -254,7 +274,7 @@ class Progress:
 
     def fired(self, point: str, phase: str) -> None:
         """``faults.arm(on_fire=...)``: record the crash point and phase a moment before the kill."""
-        from tierstore import faults
+        from .._platform import faults
 
         self.landed_point.value = faults.POINTS.index(point)
         self.landed_phase.value = self.names.index(phase) if phase in self.names else -1
@@ -282,7 +302,8 @@ def train(
     hears every phase change and the committed step count after each step;
     ``out`` receives the final params and state dict.
     """
-    from tierstore import TieredAdamW, faults
+    from .. import TieredAdamW
+    from .._platform import faults
 
     def enter(name: str) -> None:
         if progress is not None:
@@ -421,7 +442,7 @@ def run_child(
         proc.kill()
         proc.join()
         raise TimeoutError(f"training child for {job.state_dir} ran longer than {timeout} s")
-    from tierstore import faults
+    from .._platform import faults
 
     killed = killed or proc.exitcode == -signal.SIGKILL
     point = progress.landed_point.value
@@ -449,7 +470,7 @@ def killed_state_problems(job: CrashJob, result: ChildResult, *, before: int | N
     directory held ``before`` it started (``None``: it was empty, so
     nothing, or step 0). Every committed checksum must verify.
     """
-    from tierstore.reader import StateReader
+    from .._state.reader import StateReader
 
     manifest = Path(job.state_dir) / "manifest.json"
     phase = result.landed_phase or ""

@@ -50,10 +50,27 @@ from typing import Any
 
 import torch
 
-from tierstore import faults
-from tierstore.torch_private import fused_adamw_kernel, local_shape_and_offset
-
+from .._platform import faults
+from .._platform.torch_private import fused_adamw_kernel, local_shape_and_offset
 from .crash import POLL_SECONDS, Progress, phase_names
+
+__all__ = [
+    "RankResult",
+    "enter",
+    "run_ranks",
+    "job_phases",
+    "DistJob",
+    "build_model",
+    "batch",
+    "probe",
+    "train_rank",
+    "reference",
+    "compare",
+    "replace",
+    "agree_rank",
+    "torch_state_dict_rank",
+    "measure_dcp_memory",
+]
 
 PRELOAD = (
     "torch",
@@ -103,8 +120,8 @@ _PROGRESS: Progress | None = None  # this rank's reporter, when run_ranks was gi
 
 
 def enter(name: str) -> None:
-    """Tell run_ranks (and :mod:`tierstore.faults`) this rank's phase; targets call it."""
-    from tierstore import faults
+    """Tell run_ranks (and :mod:`tierstore._platform.faults`) this rank's phase; targets call it."""
+    from .._platform import faults
 
     if _PROGRESS is not None:
         _PROGRESS.enter(name)
@@ -124,7 +141,7 @@ def _rank_main(
 ) -> None:
     import torch.distributed as dist
 
-    from tierstore import faults
+    from .._platform import faults
 
     global _PROGRESS
     _PROGRESS = progress
@@ -171,7 +188,7 @@ def run_ranks(
         :func:`job_phases`); needed by ``kill_in`` and by ``crash`` with phases.
     crash
         ``(rank, point, after)`` or ``(rank, point, after, during)``: arm
-        :mod:`tierstore.faults` crash point ``point`` in ``rank`` (it SIGKILLs
+        :mod:`tierstore._platform.faults` crash point ``point`` in ``rank`` (it SIGKILLs
         itself the ``after``-th time it is reached in a phase of ``during``).
     kill_in
         ``(rank, phase, delay)``: SIGKILL ``rank`` ``delay`` seconds after it
@@ -348,7 +365,7 @@ def _loss(model: torch.nn.Module, job: DistJob, step: int) -> torch.Tensor:
 
 
 def _make_optimizer(job: DistJob, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    from tierstore import TieredAdamW
+    from .. import TieredAdamW
 
     hyper = dict(lr=job.lr, weight_decay=job.weight_decay, amsgrad=job.amsgrad)
     if job.optimizer == "torch":
@@ -410,7 +427,7 @@ def _dcp_state(job: DistJob, model: torch.nn.Module, opt: torch.optim.Optimizer)
         get_optimizer_state_dict,
     )
 
-    from tierstore.dcp import TieredStateful
+    from ..dcp import TieredStateful
 
     if job.optimizer == "torch":
         return {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
@@ -420,7 +437,7 @@ def _dcp_state(job: DistJob, model: torch.nn.Module, opt: torch.optim.Optimizer)
 def _save_dcp(job: DistJob, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
     import torch.distributed.checkpoint as dcp
 
-    from tierstore.dcp import TieredSavePlanner
+    from ..dcp import TieredSavePlanner
 
     writer = dcp.FileSystemWriter(job.dcp_dir, single_file_per_rank=job.single_file_per_rank)
     dcp.save(_dcp_state(job, model, opt), storage_writer=writer, planner=TieredSavePlanner())
@@ -626,7 +643,7 @@ def replace(job: DistJob, **changes: Any) -> DistJob:
 
 def agree_rank(rank: int, world_size: int, cases: list[list[list[int] | None]], out: str) -> None:
     """Call ``agree_on_step`` once per case (``case[rank]`` is this rank's steps); record the outcomes."""
-    from tierstore.distributed import agree_on_step
+    from .._platform.distributed import agree_on_step
 
     outcomes: list[Any] = []
     for case in cases:
@@ -650,7 +667,7 @@ def torch_state_dict_rank(rank: int, world_size: int, job: DistJob, tag: str) ->
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from tierstore.dtensor import local_tensor as _local
+    from .._platform.dtensor import local_tensor as _local
 
     mesh = init_device_mesh("cpu", (world_size,))
 
@@ -761,8 +778,8 @@ def measure_dcp_memory(
 
     import torch.distributed.checkpoint as dcp
 
-    from tierstore import TieredAdamW
-    from tierstore.dcp import TieredSavePlanner, TieredStateful
+    from .. import TieredAdamW
+    from ..dcp import TieredSavePlanner, TieredStateful
 
     gen = torch.Generator().manual_seed(0)
     weights = [torch.nn.Parameter(torch.randn(rows, cols, generator=gen)) for _ in range(params)]

@@ -33,8 +33,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import codecs
-from ..kernel import adamw
+from .._compute import codecs
+from .._compute.kernel import adamw
+
+__all__ = ["FormatOracle"]
 
 FIELDS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
@@ -47,9 +49,9 @@ class FormatOracle(torch.optim.Optimizer):
     params, lr, betas, eps, weight_decay, amsgrad, maximize
         As ``torch.optim.AdamW``.
     moment_dtype
-        A :mod:`tierstore.codecs` format name.
+        A :mod:`tierstore._compute.codecs` format name.
     kernel
-        ``"fused"`` or ``"reference"`` (:func:`tierstore.kernel.adamw`).
+        ``"fused"`` or ``"reference"`` (:func:`tierstore._compute.kernel.adamw`).
     codec
         ``"reference"`` (the NumPy oracle) or ``"fast"``.
     """

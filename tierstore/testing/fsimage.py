@@ -43,6 +43,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+__all__ = ["Op", "Image", "Recording"]
+
 PAGE = 4096
 STYLES = ("kept", "dropped", "mixed")
 NAME_KINDS = ("create", "rename", "unlink")

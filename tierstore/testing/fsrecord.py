@@ -41,6 +41,7 @@ from pathlib import Path
 
 from .fsimage import Op, Recording
 
+__all__ = ["Recorder"]
 
 @dataclass
 class _Open:

@@ -15,7 +15,7 @@ tierstore.testing.memory CONFIG_JSON``):
    each it records the **peak RSS** (the kernel's high-water mark ``VmHWM``,
    restarted per phase through ``/proc/self/clear_refs``; a 1 ms sampling
    thread where the kernel refuses that), the RSS at its end, where the RSS
-   lives (:func:`~tierstore.benchmarks.rss.rss_by_kind`) and the **page
+   lives (:func:`~tierstore.cli.bench.rss.rss_by_kind`) and the **page
    cache** the state files hold (``mincore`` over each ``shards*.bin``,
    sampled every 20 ms during the phase, so it is per file, not the noisy
    system-wide ``Cached``),
@@ -60,9 +60,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..benchmarks import rss
-from ..budget import OVERHEAD_BYTES
+from .._layout.budget import OVERHEAD_BYTES
+from ..cli.bench import rss
 from ..sizes import format_size
+
+__all__ = [
+    "PhaseMemory",
+    "MemoryReport",
+    "MemoryProbe",
+    "drop_file_cache",
+    "build_params",
+    "scenario_steps",
+    "scenario_checkpoint",
+    "scenario_dcp",
+    "scenario_verify",
+    "scenario_export",
+    "measure",
+    "run_in_child",
+]
 
 RSS_SAMPLE_S = 0.001  # fallback peak sampling, where VmHWM cannot be restarted
 CACHE_SAMPLE_S = 0.02  # page-cache sampling of the state files (mincore of a 200 MiB file: ~0.1 ms)
@@ -300,13 +315,13 @@ def _require(value: int | None, what: str) -> int:
 def build_params(numel: int, dtype: str = "float32", *, matrix_numel: int | None = None, seed: int = 0) -> list:
     """Parameters of ``numel`` elements in all (``dtype``), each with a gradient, all pages touched.
 
-    Tensors are :func:`~tierstore.benchmarks.workload.param_sizes` (matrices
+    Tensors are :func:`~tierstore.cli.bench.workload.param_sizes` (matrices
     of 8 Mi elements, each followed by a small bias), or matrices of
     ``matrix_numel`` elements: a model of many small tensors, as transformers are.
     """
     import torch
 
-    from ..benchmarks.workload import param_sizes
+    from ..cli.bench.workload import param_sizes
 
     kind = getattr(torch, dtype)
     gen = torch.Generator().manual_seed(seed)
@@ -474,8 +489,8 @@ SCENARIOS: dict[str, tuple[Scenario, tuple[str, ...]]] = {
     "steps": (scenario_steps, ("tierstore",)),
     "checkpoint": (scenario_checkpoint, ("tierstore", "tierstore.checkpoint")),
     "dcp": (scenario_dcp, ("tierstore", "tierstore.dcp", "torch.distributed.checkpoint")),
-    "verify": (scenario_verify, ("tierstore", "tierstore.cli", "tierstore.inspection")),
-    "export": (scenario_export, ("tierstore", "tierstore.cli", "tierstore.inspection")),
+    "verify": (scenario_verify, ("tierstore", "tierstore.cli", "tierstore.cli.inspection")),
+    "export": (scenario_export, ("tierstore", "tierstore.cli", "tierstore.cli.inspection")),
 }
 
 

@@ -68,6 +68,16 @@ from .crash import CrashJob, Snapshot, differences, gradients, initial_params, t
 from .fsimage import Image, Recording
 from .fsrecord import Recorder
 
+__all__ = [
+    "default_committed",
+    "record_run",
+    "record_after_cut",
+    "Verdict",
+    "check_image",
+    "PowercutResult",
+    "run_powercuts",
+]
+
 Committed = Callable[[object], "int | None"]
 
 
@@ -96,7 +106,7 @@ def record_run(job: CrashJob, *, committed: Committed | None = None, reported_be
         The step reported committed before this run started (``job.state_dir``
         holds it), or ``None``.
     """
-    from tierstore import TieredAdamW
+    from .. import TieredAdamW
 
     committed = committed or default_committed(job)
     params = initial_params(job)
@@ -175,7 +185,7 @@ def check_image(image: Image, job: CrashJob, expected: list[Snapshot], workdir: 
 
     ``expected[s]`` is the uninterrupted run after ``s`` steps (:func:`~tierstore.testing.crash.trajectory`).
     """
-    from tierstore import TieredAdamW, TierstoreError
+    from .. import TieredAdamW, TierstoreError
 
     state = Path(workdir) / "state"
     shutil.rmtree(state, ignore_errors=True)

@@ -1,0 +1,225 @@
+"""Bringing an optimizer's state to life: its layout and tiers, its store, its first or resumed commit.
+
+:func:`start` is what ``TieredAdamW.__init__`` does once its arguments are
+checked and its state directory is open: decide what the state holds
+(:mod:`tierstore._layout.spec`), lay it out and split the budget (with a resume, the
+saved layout must match), open the store and the pipeline, and either zero
+the shards and commit them (fresh state, masters seeded from the parameters)
+or restore the committed state (step counts, hyperparameters, and with
+masters the parameters themselves). A failure part-way releases everything
+it made.
+
+Example
+-------
+>>> import torch
+>>> from collections import defaultdict
+>>> from tierstore._state.journal import Journal
+>>> from tierstore._config.knobs import Knobs
+>>> w = torch.nn.Parameter(torch.ones(8))
+>>> groups = [{"params": [w], "amsgrad": False}]
+>>> s = start(Journal.open(None, resume=False, resume_step=None, durable=None), groups, [w],
+...           defaultdict(dict), knobs=Knobs(), ram_budget=None, shard_numel=None, keep_master=None,
+...           restore_params=True)
+>>> s.layout.fields, s.runtime.step_count
+(('exp_avg', 'exp_avg_sq'), 0)
+>>> s.runtime.close()
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from .._compute.codecs import MomentFormat
+from .._config.knobs import Knobs
+from .._layout.budget import TierPlan, plan_tiers
+from .._layout.layout import Layout, ShardSpec
+from .._layout.spec import StateSpec, decide_for
+from .._layout.torch_format import step_tensor
+from .._platform.dtensor import local_tensor
+from .._state.journal import Journal
+from .._state.manifest import check_same_model, decode_group, saved_layout
+from .._storage.pipeline import ShardPipeline
+from .._storage.store import ShardStore
+from ..errors import BudgetError, CorruptStateError
+from .runtime import Runtime
+from .update import master_sync
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Started:
+    """What :func:`start` built."""
+
+    spec: StateSpec
+    layout: Layout
+    plan: TierPlan
+    runtime: Runtime
+
+
+def start(
+    journal: Journal,
+    param_groups: list[dict[str, Any]],
+    params: Sequence[Tensor],
+    state: dict[Tensor, dict[str, Any]],
+    *,
+    knobs: Knobs,
+    ram_budget: int | None,
+    shard_numel: int | None,
+    keep_master: bool | None,
+    restore_params: bool,
+    moment_dtype: str | MomentFormat | None = None,
+) -> Started:
+    """Lay the state out, open its store and bring it to its first (or resumed) commit.
+
+    ``moment_dtype`` is the moments' format (``None``: ``"float32"``).
+
+    ``param_groups``, ``params`` and ``state`` are the optimizer's own
+    objects (the runtime keeps them for the step bookkeeping). On failure the
+    store is closed and the journal released (removing what a fresh start made).
+
+    Raises
+    ------
+    BudgetError, LayoutMismatchError, CorruptStateError, DiskFullError
+        As ``TieredAdamW`` documents.
+    """
+    store = None
+    try:
+        spec, layout, plan = _lay_out(journal, param_groups, params, knobs, ram_budget, shard_numel, keep_master, moment_dtype)
+        if plan.disk_shards:
+            journal.use_private_dir()
+        store = ShardStore(
+            layout,
+            plan,
+            directory=journal.directory,
+            dir_fd=journal.dir_fd,
+            backend=knobs.backend,
+            io_workers=knobs.io_workers,
+            request_bytes=knobs.request_bytes,
+            pin=knobs.pin_memory,
+            durable=journal.durable,
+        )
+        journal.bind(store, layout, ram_budget)
+        pipeline = ShardPipeline(store, prefetch_depth=knobs.prefetch_depth)
+        runtime = Runtime(journal, store, pipeline, state=state, param_groups=param_groups, params=params)
+        if journal.saved is None:
+            _fresh(runtime, layout, params)
+        else:
+            _resume(runtime, layout, param_groups, params, state, restore_params=restore_params and spec.master)
+    except BaseException:
+        if store is not None:
+            store.close()
+        journal.release(discard=True)
+        raise
+    return Started(spec, layout, plan, runtime)
+
+
+def _lay_out(
+    journal: Journal,
+    param_groups: list[dict[str, Any]],
+    params: Sequence[Tensor],
+    knobs: Knobs,
+    ram_budget: int | None,
+    shard_numel: int | None,
+    keep_master: bool | None,
+    moment_dtype: str | MomentFormat | None,
+) -> tuple[StateSpec, Layout, TierPlan]:
+    where = str(journal.directory)
+    old = saved_layout(journal.saved, where) if journal.saved else None
+    spec = decide_for(
+        params,
+        amsgrad=any(g["amsgrad"] for g in param_groups),
+        keep_master=keep_master,
+        arena_slots=knobs.arena_slots,
+        ram_budget=ram_budget,
+        shard_numel=shard_numel,
+        saved=old,
+        moment_dtype=moment_dtype,
+        workers=knobs.max_update_threads,
+    )
+    layout = Layout.build(
+        [[local_tensor(p) if p.requires_grad else p for p in g["params"]] for g in param_groups],
+        shard_numel=spec.shard_numel,
+        fields=spec.fields,
+        moment_dtype=spec.moment_format,
+    )
+    if old is not None:
+        check_same_model(old, layout, where)
+    try:
+        plan = plan_tiers(
+            layout,
+            ram_budget=ram_budget,
+            arena_slots=spec.arena_slots,
+            staging_buffers=spec.staging_buffers,
+            workers=spec.workers,
+        )
+    except BudgetError as exc:
+        if old is None:
+            raise
+        raise BudgetError(
+            f"{exc}. Note: resuming, shard_numel={old.shard_numel} is fixed by the saved state; "
+            "to stream with smaller shards, save_checkpoint() and load_checkpoint() into a new "
+            "state_dir built with a smaller shard_numel"
+        ) from None
+    return spec, layout, plan
+
+
+def _fresh(runtime: Runtime, layout: Layout, params: Sequence[Tensor]) -> None:
+    """Zero every shard, seed masters from the parameters, and commit (both copies when durable).
+
+    Zero bytes are zero moments in every format (int8: zero scales).
+    """
+    seed = master_sync(layout, params, to_params=lambda i: False)
+
+    def fill(shard: ShardSpec, flat: Tensor) -> None:
+        flat.zero_()
+        seed(shard, flat)
+
+    runtime.store.open()
+    with runtime.mutation():
+        runtime.pipeline.run(range(len(layout.shards)), fill, read=False)
+        runtime.commit()
+        if runtime.journal.durable and runtime.store.persists_anything:
+            # Write the second copy too: both copies then hold verifiable bytes, and
+            # later writes overwrite allocated blocks, which runs about twice as fast
+            # as filling fresh ones.
+            runtime.pipeline.run(range(len(layout.shards)), fill, read=False)
+            runtime.commit()
+
+
+def _resume(
+    runtime: Runtime,
+    layout: Layout,
+    param_groups: list[dict[str, Any]],
+    params: Sequence[Tensor],
+    state: dict[Tensor, dict[str, Any]],
+    *,
+    restore_params: bool,
+) -> None:
+    """Open the committed state and restore the bookkeeping (and the parameters from masters)."""
+    saved = runtime.journal.saved
+    where = runtime.journal.directory
+    # (The manifest's fields were checked when it was read: tierstore._state.manifest.validate.)
+    if len(saved["param_groups"]) != len(param_groups) or len(saved["param_steps"]) != len(params):
+        raise CorruptStateError(
+            f"the manifest in {where} records {len(saved['param_groups'])} param groups and "
+            f"{len(saved['param_steps'])} parameter steps, this optimizer has {len(param_groups)} and "
+            f"{len(params)}; pass the param groups of the run that wrote it, or restore the state "
+            "directory from a checkpoint"
+        )
+    runtime.store.open(committed=saved["shards"])
+    runtime.step_count = int(saved["step_count"])
+    for group, stored in zip(param_groups, saved["param_groups"]):
+        group.update(decode_group(stored))
+    for p, step in zip(params, saved["param_steps"]):
+        if step is not None:
+            state[p]["step"] = step_tensor(step)
+    if restore_params:
+        restore = master_sync(layout, params, to_params=lambda i: True)
+        runtime.pipeline.run(range(len(layout.shards)), restore, write=False)
+    log.info("resumed %s at step %d", runtime.journal.directory, runtime.step_count)
