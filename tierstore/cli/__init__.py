@@ -23,6 +23,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.machinery
+import importlib.util
 import logging
 import os
 import sys
@@ -58,10 +60,23 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _available(module: str) -> bool:
+    """Whether ``module`` is installed, found without importing it or its parent packages.
+
+    ``importlib.util.find_spec("a.b.c")`` imports ``a.b``; walking the
+    search path part by part keeps ``tierstore plan --help`` from importing
+    the packages of other commands (``tierstore.cli.bench``).
+    """
+    root, *parts = module.split(".")
     try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
+        spec = importlib.util.find_spec(root)
+    except (ImportError, ValueError):
         return False
+    for part in parts:
+        locations = None if spec is None else spec.submodule_search_locations
+        if not locations:
+            return False
+        spec = importlib.machinery.PathFinder.find_spec(part, list(locations))
+    return spec is not None
 
 
 def _requested(argv: Sequence[str]) -> str | None:
