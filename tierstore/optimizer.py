@@ -58,7 +58,7 @@ from ._runtime.update import gather, master_sync
 from ._state.commit_policy import CommitPolicy
 from ._state.journal import Journal
 from .errors import ConfigError, ParamsChangedError
-from .sizes import parse_size
+from .sizes import budget_request
 
 __all__ = ["TieredAdamW"]
 
@@ -90,8 +90,10 @@ class TieredAdamW(torch.optim.Optimizer):
         temporary directory, made only when the state does not fit in
         ``ram_budget``, removed by :meth:`close`.
     ram_budget
-        Host RAM the state may use: bytes (``int``) or a string such as
-        ``"512MiB"``/``"2GB"``. ``None``: all state in RAM.
+        Host RAM the state may use: bytes (``int``), a string such as
+        ``"512MiB"``/``"2GB"``, or a share of the state's size: ``"1/8"``,
+        ``"12.5%"`` or ``0.125`` (:func:`tierstore.sizes.parse_budget`).
+        ``None``: all state in RAM.
     backend
         ``"auto"``, ``"direct"`` (``O_DIRECT``), ``"buffered"`` or ``"mmap"``.
     shard_numel
@@ -183,7 +185,7 @@ class TieredAdamW(torch.optim.Optimizer):
         *,
         maximize: bool = False,
         state_dir: str | None = None,
-        ram_budget: int | str | None = None,
+        ram_budget: int | float | str | None = None,
         backend: str = "auto",
         shard_numel: int | None = None,
         prefetch_depth: int = 2,
@@ -203,7 +205,7 @@ class TieredAdamW(torch.optim.Optimizer):
         self._rt: Runtime | None = None  # until construction succeeds; makes close() safe on failure
         torch_private.fused_adamw_kernel()  # a torch without it fails here, not mid-step
         check_hyper(lr, betas, eps, weight_decay)
-        self._budget = None if ram_budget is None else parse_size(ram_budget, name="ram_budget")
+        self._budget = budget_request(ram_budget)  # a share resolves against the state's size in start()
         self._knobs = Knobs(backend=backend, prefetch_depth=prefetch_depth, io_workers=io_workers,
                             request_bytes=request_bytes, update_threads=update_threads, pin_memory=pin_memory)  # fmt: skip
         if shard_numel is not None:

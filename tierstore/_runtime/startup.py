@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from torch import Tensor
@@ -39,6 +40,7 @@ from .._config.knobs import Knobs
 from .._layout.budget import TierPlan, plan_tiers
 from .._layout.layout import Layout, ShardSpec
 from .._layout.spec import StateSpec, decide_for
+from .._layout.spec import _stored_bytes_per_element as stored_bytes_per_element
 from .._layout.torch_format import step_tensor
 from .._platform.dtensor import local_tensor
 from .._state.journal import Journal
@@ -46,6 +48,7 @@ from .._state.manifest import check_same_model, decode_group, saved_layout
 from .._storage.pipeline import ShardPipeline
 from .._storage.store import ShardStore
 from ..errors import BudgetError, CorruptStateError
+from ..sizes import resolve_budget
 from .runtime import Runtime
 from .update import master_sync
 
@@ -69,7 +72,7 @@ def start(
     state: dict[Tensor, dict[str, Any]],
     *,
     knobs: Knobs,
-    ram_budget: int | None,
+    ram_budget: int | Fraction | None,
     shard_numel: int | None,
     keep_master: bool | None,
     restore_params: bool,
@@ -77,7 +80,8 @@ def start(
 ) -> Started:
     """Lay the state out, open its store and bring it to its first (or resumed) commit.
 
-    ``moment_dtype`` is the moments' format (``None``: ``"float32"``).
+    ``moment_dtype`` is the moments' format (``None``: ``"float32"``); ``ram_budget``
+    is bytes or a share of the state's size (:func:`tierstore.sizes.budget_request`).
 
     ``param_groups``, ``params`` and ``state`` are the optimizer's own
     objects (the runtime keeps them for the step bookkeeping). On failure the
@@ -104,7 +108,7 @@ def start(
             pin=knobs.pin_memory,
             durable=journal.durable,
         )
-        journal.bind(store, layout, ram_budget)
+        journal.bind(store, layout, plan.ram_budget)  # bytes, a share resolved
         pipeline = ShardPipeline(store, prefetch_depth=knobs.prefetch_depth)
         runtime = Runtime(journal, store, pipeline, state=state, param_groups=param_groups, params=params)
         if journal.saved is None:
@@ -124,13 +128,15 @@ def _lay_out(
     param_groups: list[dict[str, Any]],
     params: Sequence[Tensor],
     knobs: Knobs,
-    ram_budget: int | None,
+    ram_budget: int | Fraction | None,
     shard_numel: int | None,
     keep_master: bool | None,
     moment_dtype: str | MomentFormat | None,
 ) -> tuple[StateSpec, Layout, TierPlan]:
     where = str(journal.directory)
     old = saved_layout(journal.saved, where) if journal.saved else None
+    if isinstance(ram_budget, Fraction):
+        ram_budget = _share_bytes(ram_budget, params, param_groups, keep_master, old, moment_dtype, knobs)
     spec = decide_for(
         params,
         amsgrad=any(g["amsgrad"] for g in param_groups),
@@ -167,6 +173,24 @@ def _lay_out(
             "state_dir built with a smaller shard_numel"
         ) from None
     return spec, layout, plan
+
+
+def _share_bytes(
+    share: Fraction,
+    params: Sequence[Tensor],
+    param_groups: list[dict[str, Any]],
+    keep_master: bool | None,
+    old: Layout | None,
+    moment_dtype: str | MomentFormat | None,
+    knobs: Knobs,
+) -> int:
+    """``share`` of the state's size (its fields in their stored format, unpadded), in bytes."""
+    # The fields (master, amsgrad) and format decide the size, and no budget changes them.
+    spec = decide_for(params, amsgrad=any(g["amsgrad"] for g in param_groups), keep_master=keep_master,
+                      arena_slots=knobs.arena_slots, ram_budget=None, shard_numel=old.shard_numel if old else 1 << 10,
+                      saved=old, moment_dtype=moment_dtype)  # fmt: skip
+    numel = sum(local_tensor(p).numel() for p in params if p.requires_grad)
+    return resolve_budget(share, state_bytes=int(numel * stored_bytes_per_element(spec.fields, spec.moment_format)))
 
 
 def _fresh(runtime: Runtime, layout: Layout, params: Sequence[Tensor]) -> None:
