@@ -486,11 +486,11 @@ Scenario = Callable[[dict[str, Any], MemoryProbe, list], dict[str, Any]]
 
 #: name -> (function, modules imported before the baseline)
 SCENARIOS: dict[str, tuple[Scenario, tuple[str, ...]]] = {
-    "steps": (scenario_steps, ("tierstore",)),
-    "checkpoint": (scenario_checkpoint, ("tierstore", "tierstore.checkpoint")),
-    "dcp": (scenario_dcp, ("tierstore", "tierstore.dcp", "torch.distributed.checkpoint")),
-    "verify": (scenario_verify, ("tierstore", "tierstore.cli", "tierstore.cli.inspection")),
-    "export": (scenario_export, ("tierstore", "tierstore.cli", "tierstore.cli.inspection")),
+    "steps": (scenario_steps, ("tierstore", "tierstore.optimizer",)),
+    "checkpoint": (scenario_checkpoint, ("tierstore", "tierstore.optimizer", "tierstore.checkpoint")),
+    "dcp": (scenario_dcp, ("tierstore", "tierstore.optimizer", "tierstore.dcp", "torch.distributed.checkpoint")),
+    "verify": (scenario_verify, ("tierstore", "tierstore.optimizer", "tierstore.cli", "tierstore.cli.inspection")),
+    "export": (scenario_export, ("tierstore", "tierstore.optimizer", "tierstore.cli", "tierstore.cli.inspection")),
 }
 
 
