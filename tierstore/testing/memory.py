@@ -486,7 +486,7 @@ Scenario = Callable[[dict[str, Any], MemoryProbe, list], dict[str, Any]]
 
 #: name -> (function, modules imported before the baseline)
 SCENARIOS: dict[str, tuple[Scenario, tuple[str, ...]]] = {
-    "steps": (scenario_steps, ("tierstore", "tierstore.optimizer",)),
+    "steps": (scenario_steps, ("tierstore", "tierstore.optimizer", "tierstore.diagnose", "tierstore._runtime.startup")),
     "checkpoint": (scenario_checkpoint, ("tierstore", "tierstore.optimizer", "tierstore.checkpoint")),
     "dcp": (scenario_dcp, ("tierstore", "tierstore.optimizer", "tierstore.dcp", "torch.distributed.checkpoint")),
     "verify": (scenario_verify, ("tierstore", "tierstore.optimizer", "tierstore.cli", "tierstore.cli.inspection")),
