@@ -45,7 +45,7 @@ def _run(tmp_path, steps: int, *, commit_every, until: str | None = None) -> Tie
 
 
 def test_describe_warns_when_commits_fall_further_behind(tmp_path, monkeypatch, caplog) -> None:
-    _commits_sleeping(monkeypatch, [min(1.0, 0.01 * 2**k) for k in range(100)])
+    _commits_sleeping(monkeypatch, [min(0.5, 0.004 * 2**k) for k in range(100)])
     with caplog.at_level(logging.WARNING, logger="tierstore"):
         # "auto" spaces commits by their cost: slower and slower commits, further and further apart.
         opt = _run(tmp_path, 4000, commit_every="auto", until="WARNING")
@@ -60,9 +60,9 @@ def test_describe_warns_when_commits_fall_further_behind(tmp_path, monkeypatch, 
 
 
 def test_describe_shows_a_steady_lag_without_warning(tmp_path, monkeypatch, caplog) -> None:
-    _commits_sleeping(monkeypatch, [0.02] * 1000)
+    _commits_sleeping(monkeypatch, [0.01] * 1000)
     with caplog.at_level(logging.WARNING, logger="tierstore"):
-        opt = _run(tmp_path, 60, commit_every=1)  # every step: a commit in flight holds the next write back
+        opt = _run(tmp_path, 30, commit_every=1)  # every step: a commit in flight holds the next write back
         text = opt.describe()
         opt.close()
     m = re.search(r"committed step (\d+) \((\d+) behind", text)
