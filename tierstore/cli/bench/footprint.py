@@ -52,7 +52,7 @@ def measure(config: dict[str, Any]) -> dict[str, Any]:
     ``config`` keys: ``params``, ``ram_budget`` (bytes), ``dir`` (an empty or
     missing directory for the state), ``steps``, and optional ``backend``,
     ``shard_numel``, ``prefetch_depth``, ``io_workers``, ``request_bytes``,
-    ``keep_master``, ``durable`` (default ``False``).
+    ``keep_master``, ``durable`` (default ``True``, as TieredAdamW with a state_dir).
     """
     from ...optimizer import TieredAdamW
 
@@ -73,7 +73,7 @@ def measure(config: dict[str, Any]) -> dict[str, Any]:
         io_workers=config.get("io_workers", 4),
         request_bytes=config.get("request_bytes", 8 << 20),
         keep_master=config.get("keep_master"),
-        durable=bool(config.get("durable", False)),
+        durable=bool(config.get("durable", True)),  # TieredAdamW's own default with a state_dir
         moment_dtype=config.get("moment_dtype", "float32"),
     )
     try:

@@ -57,7 +57,14 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> s
 
 
 def machine_info(directory: Path | str | None = None) -> dict[str, Any]:
-    """What the numbers were measured on."""
+    """What the numbers were measured on: CPU, cores, RAM, the drive behind ``directory``, torch.
+
+    Example
+    -------
+    >>> info = machine_info(".")
+    >>> {"cpu_model", "cpus", "cores_usable", "torch", "cpu_capability"} <= set(info)
+    True
+    """
     import torch
 
     info: dict[str, Any] = {
@@ -65,7 +72,11 @@ def machine_info(directory: Path | str | None = None) -> dict[str, Any]:
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
+        # The vector instruction set torch's CPU kernels dispatch to (AVX2, AVX512, ...): the fused
+        # AdamW and the codecs run at very different speeds on different capabilities.
+        "cpu_capability": _cpu_capability(torch),
         "cpus": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "cpu_model": _cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "tierstore": __version__,
@@ -80,17 +91,92 @@ def machine_info(directory: Path | str | None = None) -> dict[str, Any]:
         if directory is not None:
             usage = psutil.disk_usage(str(directory))
             info["disk_free_bytes"] = usage.free
+            where = str(Path(directory).resolve())
             best = None
             for part in psutil.disk_partitions(all=True):
-                if str(Path(directory).resolve()).startswith(part.mountpoint) and (
-                    best is None or len(part.mountpoint) > len(best.mountpoint)
-                ):
+                if _under(where, part.mountpoint) and (best is None or len(part.mountpoint) > len(best.mountpoint)):
                     best = part
             if best is not None:
                 info["filesystem"] = {"device": best.device, "mountpoint": best.mountpoint, "fstype": best.fstype}
+                drive = _drive(best.device)
+                if drive:
+                    info["filesystem"]["drive"] = drive
     except Exception:  # psutil missing or /proc unreadable: the numbers still stand
         pass
     return info
+
+
+def _under(path: str, mountpoint: str) -> bool:
+    """Whether ``path`` lies under ``mountpoint`` (a path prefix by components, not by characters)."""
+    try:
+        return os.path.commonpath([path, mountpoint]) == mountpoint
+    except ValueError:
+        return False
+
+
+def _cpu_capability(torch: Any) -> str | None:
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # an older torch without the query
+        return None
+
+
+def _drive(device: str) -> dict[str, Any] | None:
+    """The block device behind ``device`` as sysfs describes it: model (or driver), size, rotational flag."""
+    name = os.path.basename(device)
+    base = Path("/sys/class/block") / name
+    if not device.startswith("/dev/") or not base.exists():
+        return None  # tmpfs, overlay, a network filesystem: no local block device to name
+    node = base.resolve()
+    if not (node / "device").exists() and (node.parent / "device").exists():
+        node = node.parent  # a partition: the drive is its parent
+    out: dict[str, Any] = {"name": node.name}
+
+    def read(rel: str) -> str | None:
+        try:
+            return (node / rel).read_text().strip() or None
+        except OSError:
+            return None
+
+    out["model"] = read("device/model")
+    driver = node / "device" / "driver"
+    out["driver"] = driver.resolve().name if driver.exists() else None
+    size = read("size")
+    out["size_bytes"] = int(size) * 512 if size and size.isdigit() else None  # sysfs counts 512-byte sectors
+    rotational = read("queue/rotational")
+    # The kernel's flag; virtual disks often claim to rotate whatever backs them.
+    out["rotational"] = None if rotational is None else rotational == "1"
+    return out
+
+
+def hardware_line(info: dict[str, Any]) -> str:
+    """The hardware of a run in one line, for the top of every benchmark report.
+
+    Example
+    -------
+    >>> hardware_line({"cpu_model": "AMD EPYC", "cpus": 2, "cores_usable": 2, "ram_bytes": 2**34,
+    ...                "torch": "2.13.0+cpu", "cpu_capability": "AVX2"})
+    'hardware: AMD EPYC, 2 cores (2 usable), 16.00 GiB RAM; torch 2.13.0+cpu, CPU capability AVX2'
+    """
+    from ...sizes import format_size
+
+    parts = [f"{info.get('cpu_model') or 'unknown CPU'}, {info.get('cpus')} cores ({info.get('cores_usable')} usable)"]
+    if info.get("ram_bytes"):
+        parts[0] += f", {format_size(info['ram_bytes'])} RAM"
+    fs = info.get("filesystem")
+    if fs:
+        text = f"--dir on {fs['fstype']} ({fs['device']} at {fs['mountpoint']}"
+        drive = fs.get("drive") or {}
+        what = drive.get("model") or (drive.get("driver") and f"{drive['driver']} device")
+        if what:
+            text += f", {what}"
+        if drive.get("size_bytes"):
+            text += f", {format_size(drive['size_bytes'])}"
+        if drive.get("rotational") is not None:
+            text += ", the kernel says " + ("rotational" if drive["rotational"] else "non-rotational")
+        parts.append(text + ")")
+    parts.append(f"torch {info.get('torch')}, CPU capability {info.get('cpu_capability') or 'unknown'}")
+    return "hardware: " + "; ".join(parts)
 
 
 def _cpu_model() -> str | None:
@@ -126,15 +212,18 @@ def write_json(path: Path | str, document: dict[str, Any]) -> Path:
     return path
 
 
-def new_figure(ncols: int, *, width: float = 6.0, height: float = 4.2):
-    """A matplotlib figure with ``ncols`` axes, on the Agg backend (no display needed)."""
+def new_figure(
+    ncols: int, *, width: float = 6.0, height: float = 4.2, nrows: int = 1, height_ratios: list[float] | None = None
+):
+    """A matplotlib figure with ``nrows`` x ``ncols`` axes (a flat list), on the Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
-    return fig, list(axes[0])
+    grid = {"height_ratios": height_ratios} if height_ratios else None
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, gridspec_kw=grid)
+    return fig, [ax for row in axes for ax in row]
 
 
 def save_figure(fig: Any, path: Path | str) -> Path:
@@ -144,6 +233,7 @@ def save_figure(fig: Any, path: Path | str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    # Legends sit outside the axes (where they hide no data): "tight" keeps them in the picture.
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -57,7 +57,9 @@ from ...sizes import format_size, parse_size
 from . import resources, rss, workload
 from .floor import MODES, RawFloor
 from .peer import PipelinedSwapper
-from .report import format_table, machine_info, median, new_figure, save_figure, write_json
+from .report import machine_info, median, write_json
+from .step_report import durability_line, plot, ratios, render, round_floors, split_of, verdicts
+from .verdict import MIN_REPEATS, overall
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(the budget stays the one --ram-budget gives for float32)",
     )
     parser.add_argument(
-        "--durable", choices=("off", "on", "both"), default="off",
-        help="disk run(s) with durable=False (default), durable=True (a committed copy per step), or both",
+        "--durable", choices=("on", "off", "both"), default="on",
+        help="disk run(s) durable=True (the default, as TieredAdamW with a state_dir runs: a committed copy "
+        "on disk, commits in the background), off (durable=False: nothing survives a crash), or both",
     )
     parser.add_argument(
         "--floor-settings", default="8MiB:4,16MiB:8", help="raw floor request:depth settings (default 8MiB:4,16MiB:8)"
@@ -203,7 +206,9 @@ class _Tiered:
         st = self.opt.last_step_stats
         if st is not None:
             out.update(read_wait=st.read_wait, update=st.update, write_wait=st.write_wait,
-                       reads=st.reads, cache_hits=st.cache_hits, writes=st.writes)
+                       commit_wait=st.persist_wait + st.commit_wait,
+                       reads=st.reads, cache_hits=st.cache_hits, writes=st.writes,
+                       bytes_read=st.bytes_read, drive_bytes=st.drive_bytes)
         return out
 
     def close(self) -> None:
@@ -265,8 +270,8 @@ def _disk_name(backend: str, durable: bool, cfg: dict[str, Any], fmt: str = "flo
     name = "tierstore-disk"
     if len(cfg["backends"]) > 1:
         name += f"-{backend}"
-    if durable:
-        name += "-durable"
+    if not durable:  # durable is TieredAdamW's default with a state_dir: only the exception is named
+        name += "-not-durable"
     if fmt != "float32":
         name += f"-{fmt}"
     return name
@@ -360,12 +365,15 @@ def summarize(
     disk_bytes: int,
     io_bytes: dict[str, tuple[int, int]] | None = None,
 ) -> dict[str, Any]:
-    """Medians per contender, the floors, and the ratios the issue's targets name.
+    """Medians per contender, the floors, and the ratios the targets name (with their per-round values).
 
     ``disk_bytes`` is what the floors move each way; ``io_bytes`` gives a
     disk contender's own (read, written) bytes per step when they differ
-    (durable steps also write the resident shards): its floor is then the
-    bandwidth floor of its own bytes.
+    (durable steps also write the resident shards their commits persist;
+    compressed formats move fewer bytes): its floor is then the bandwidth
+    floor of its own bytes. Every ratio also comes per round
+    (``*_rounds``): a round runs every contender once, so each round's
+    ratio compares times that saw the same machine weather.
     """
     io_bytes = io_bytes or {}
     per: dict[str, dict[str, Any]] = {}
@@ -373,14 +381,19 @@ def summarize(
         if not runs:
             continue
         secs = [r["seconds"] for r in runs]
-        entry: dict[str, Any] = {"median_s": median(secs), "min_s": min(secs), "steps_s": secs}
+        entry: dict[str, Any] = {"median_s": median(secs), "min_s": min(secs), "max_s": max(secs), "steps_s": secs}
         entry["params_per_s"] = numel / entry["median_s"]
-        for key in (*SPLIT_KEYS, "reads", "cache_hits", "writes", "cpu_s"):
+        for key in (*SPLIT_KEYS, "commit_wait", "reads", "cache_hits", "writes", "cpu_s"):
             if key in runs[0]:
                 entry[key] = median([r[key] for r in runs])
+        for key in ("bytes_read", "drive_bytes"):  # a commit writes once every few steps: the mean per step
+            if key in runs[0]:
+                entry[key] = sum(r[key] for r in runs) / len(runs)
         if name.startswith("floor-serial"):
-            entry["read_GBps"] = median([disk_bytes / r["read_s"] / 1e9 for r in runs])
-            entry["write_GBps"] = median([disk_bytes / r["write_s"] / 1e9 for r in runs])
+            entry["read_GBps_steps"] = [disk_bytes / r["read_s"] / 1e9 for r in runs]
+            entry["write_GBps_steps"] = [disk_bytes / r["write_s"] / 1e9 for r in runs]
+            entry["read_GBps"] = median(entry["read_GBps_steps"])
+            entry["write_GBps"] = median(entry["write_GBps_steps"])
         per[name] = entry
     summary: dict[str, Any] = {"params": numel, "disk_bytes": disk_bytes, "moved_bytes_per_step": 2 * disk_bytes}
     summary["step_seconds"] = {n: e["median_s"] for n, e in per.items()}
@@ -389,8 +402,8 @@ def summarize(
         summary["ram_vs_torch"] = per["torch-fused"]["median_s"] / per["tierstore-ram"]["median_s"]
         # Rounds alternate the contenders, so a round's two times saw the same machine
         # weather; the median of per-round ratios shrugs off minutes-long drifts.
-        pairs = zip(per["torch-fused"]["steps_s"], per["tierstore-ram"]["steps_s"])
-        summary["ram_vs_torch_paired"] = median([t / o for t, o in pairs])
+        summary["ram_vs_torch_rounds"] = ratios(per["torch-fused"]["steps_s"], per["tierstore-ram"]["steps_s"])
+        summary["ram_vs_torch_paired"] = median(summary["ram_vs_torch_rounds"])
     floors = {n: e for n, e in per.items() if n.startswith("floor-")}
     serial = [e for n, e in floors.items() if n.startswith("floor-serial")]
     if floors:
@@ -418,9 +431,8 @@ def summarize(
         if (read_b, write_b) != (disk_bytes, disk_bytes) and "raw_read_GBps" in summary:
             own_floor = read_b / (summary["raw_read_GBps"] * 1e9) + write_b / (summary["raw_write_GBps"] * 1e9)
             info["floor_s"] = own_floor
-        split = {k: e[k] for k in SPLIT_KEYS if k in e}
+        split = split_of(e)
         if split:
-            split["other"] = max(0.0, step - sum(split.values()))
             info["split_s"] = split
         for key in ("reads", "cache_hits", "writes"):
             if key in e:
@@ -432,10 +444,14 @@ def summarize(
             if update > 0:
                 # 1.0: the update costs nothing beyond the floor; 0.0: it adds its whole time.
                 info["update_hidden_fraction"] = min(1.0, max(0.0, (own_floor + update - step) / update))
+            rounds = round_floors(per, summary, disk_bytes=disk_bytes, read_bytes=read_b, written_bytes=write_b)
+            if rounds:
+                info["over_floor_rounds"] = ratios(e["steps_s"], rounds)
         if "floor_bandwidth_seconds" in summary and own_floor == floor:
             info["overlap_efficiency_bandwidth"] = summary["floor_bandwidth_seconds"] / step
         if peer is not None:
             info["peer_over_ours"] = peer["median_s"] / step
+            info["peer_over_ours_rounds"] = ratios(peer["steps_s"], e["steps_s"])
         disk[name] = info
     summary["disk"] = disk
     formats = {}
@@ -444,10 +460,15 @@ def summarize(
         for fmt in ("-bfloat16", "-int8"):
             base = base.removesuffix(fmt)
         if base != name and base in per:
-            pairs = zip(per[name]["steps_s"], per[base]["steps_s"])
-            info["vs_float32_paired"] = median([a / b for a, b in pairs])
+            info["vs_float32_rounds"] = ratios(per[name]["steps_s"], per[base]["steps_s"])
+            info["vs_float32_paired"] = median(info["vs_float32_rounds"])
             info["vs_float32"] = per[name]["median_s"] / per[base]["median_s"]
             formats[name] = info["vs_float32_paired"]
+    for name, info in disk.items():  # each durable run against its durable=False twin, when both ran
+        twin = _not_durable_twin(name)
+        if twin in per and twin != name:
+            info["vs_not_durable_rounds"] = ratios(per[name]["steps_s"], per[twin]["steps_s"])
+            info["vs_not_durable_paired"] = median(info["vs_not_durable_rounds"])
     if formats:
         summary["moment_dtype_vs_float32_paired"] = formats
     if disk:
@@ -456,105 +477,18 @@ def summarize(
             if key in first:
                 summary[key] = first[key]
     if peer is not None:
-        split = {k: peer[k] for k in SPLIT_KEYS if k in peer}
-        split["other"] = max(0.0, peer["median_s"] - sum(split.values()))
-        summary["peer_split_s"] = split
+        summary["peer_split_s"] = split_of(peer)
     return {"contenders": per, "summary": summary}
 
 
-def _fmt_s(v: float | None) -> str:
-    return "-" if v is None else f"{v:.3f} s"
-
-
-def render(result: dict[str, Any], footprints: dict[str, Any], notes: list[str]) -> str:
-    """The terminal report."""
-    per, s = result["contenders"], result["summary"]
-    floor = s.get("floor_seconds")
-    rows = []
-    for name, e in per.items():
-        rows.append({
-            "name": name, "median": e["median_s"], "min": e["min_s"], "mps": e["params_per_s"] / 1e6,
-            "floor": e["median_s"] / floor if floor else None, "cpu": e.get("cpu_s"),
-            **{k: e.get(k) for k in SPLIT_KEYS},
-        })
-    columns = [("name", "contender", "{}"), ("median", "median s", "{:.3f}"), ("min", "min s", "{:.3f}"),
-               ("mps", "Mparams/s", "{:.1f}"), ("floor", "x floor", "{:.2f}"), ("cpu", "cpu s", "{:.3f}"), ("read_wait", "read wait", "{:.3f}"),
-               ("update", "update", "{:.3f}"), ("write_wait", "write wait", "{:.3f}")]
-    lines = [format_table(rows, columns), ""]
-    lines.append(f"{s['params']:,} params; {format_size(s['disk_bytes'])} on disk, moved each way per step")
-    if "ram_vs_torch" in s:
-        lines.append(
-            f"all in RAM: {s['ram_vs_torch']:.3f}x torch.optim.AdamW(fused=True) params/s, "
-            f"{s['ram_vs_torch_paired']:.3f}x as the median of per-round ratios (target >= 0.95)"
-        )
-    if floor:
-        lines.append(
-            f"I/O floor {_fmt_s(floor)}: fastest raw {_fmt_s(s.get('floor_fastest_measured_seconds'))} "
-            f"({s.get('floor_fastest_measured', '-')}), bandwidth floor {_fmt_s(s.get('floor_bandwidth_seconds'))} "
-            f"(read {s.get('raw_read_GBps', float('nan')):.2f} GB/s, write {s.get('raw_write_GBps', float('nan')):.2f} GB/s)"
-        )
-    for name, d in s.get("disk", {}).items():
-        parts = [f"{name}: {_fmt_s(d['step_s'])}"]
-        if "over_floor" in d:
-            parts.append(f"{d['over_floor']:.2f}x floor (target <= 1.10), overlap efficiency {d['overlap_efficiency']:.2f}")
-        if "update_hidden_fraction" in d:
-            parts.append(f"update hidden {d['update_hidden_fraction']:.0%}")
-        if "peer_over_ours" in d:
-            parts.append(f"peer / ours {d['peer_over_ours']:.2f}x")
-        if "vs_float32_paired" in d:
-            parts.append(f"{d['vs_float32_paired']:.2f}x float32's step (paired)")
-        lines.append(", ".join(parts))
-        if "split_s" in d:
-            lines.append("  split: " + ", ".join(f"{k} {v:.3f} s" for k, v in d["split_s"].items())
-                         + f"; reads {d.get('reads')}, arena hits {d.get('cache_hits')}")
-    for backend, f in footprints.items():
-        if "error" in f:
-            lines.append(f"footprint ({backend}): failed: {f['error']}")
-            continue
-        over = f.get("peak_over_baseline_bytes")
-        limit = f["ram_budget"] + 64 * MiB
-        verdict = "" if over is None else (" (within budget + 64 MiB)" if over <= limit else " (ABOVE budget + 64 MiB)")
-        lines.append(
-            f"footprint ({backend}: {f.get('backend')}, alone): peak RSS {format_size(over or 0)} above baseline "
-            f"{format_size(f.get('baseline_rss_bytes') or 0)}, budget {format_size(f['ram_budget'])}{verdict}; "
-            f"state {f['state_bytes'] / max(1, f['ram_budget']):.1f}x the budget; state file in page cache "
-            f"{format_size(f.get('state_file_cached_bytes') or 0)}, system page cache "
-            f"{'+' if (f.get('meminfo_cached_delta_bytes') or 0) >= 0 else '-'}"
-            f"{format_size(abs(f.get('meminfo_cached_delta_bytes') or 0))}"
-        )
-    lines += [f"note: {n}" for n in notes]
-    return "\n".join(lines)
-
-
-def plot(result: dict[str, Any], path: Path | str, *, title: str) -> Path:
-    """Step time per contender with the floors, and where the disk steps spend their time."""
-    per, s = result["contenders"], result["summary"]
-    fig, (left, right) = new_figure(2, width=6.4)
-    names = list(per)
-    left.barh(names, [per[n]["median_s"] for n in names],
-              xerr=[[per[n]["median_s"] - per[n]["min_s"] for n in names], [0] * len(names)], color="tab:blue")
-    for key, style, label in (("floor_seconds", "--", "floor"), ("floor_bandwidth_seconds", ":", "bandwidth floor")):
-        if s.get(key):
-            left.axvline(s[key], color="black", linestyle=style, label=f"{label} {s[key]:.2f} s")
-    left.set_xlabel("seconds per step (median; bar to min)")
-    left.invert_yaxis()
-    left.legend(fontsize=8)
-    split_names = [n for n in names if "read_wait" in per[n]]
-    bottom = [0.0] * len(split_names)
-    for key, color in (("read_wait", "tab:orange"), ("update", "tab:green"), ("write_wait", "tab:red"), ("other", "tab:grey")):
-        if key == "other":
-            values = [max(0.0, per[n]["median_s"] - sum(per[n][k] for k in SPLIT_KEYS)) for n in split_names]
-        else:
-            values = [per[n][key] for n in split_names]
-        right.barh(split_names, values, left=bottom, color=color, label=key.replace("_", " "))
-        bottom = [b + v for b, v in zip(bottom, values)]
-    if s.get("floor_seconds"):
-        right.axvline(s["floor_seconds"], color="black", linestyle="--")
-    right.set_xlabel("seconds per step, split (median)")
-    right.invert_yaxis()
-    right.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    return save_figure(fig, path)
+def _not_durable_twin(name: str) -> str:
+    """``tierstore-disk[-backend]-not-durable[-format]`` for the durable run ``tierstore-disk[-backend][-format]``."""
+    if "-not-durable" in name:
+        return name
+    for fmt in ("-bfloat16", "-int8"):
+        if name.endswith(fmt):
+            return name.removesuffix(fmt) + "-not-durable" + fmt
+    return name + "-not-durable"
 
 
 def needs(cfg: dict[str, Any]) -> resources.Needs:
@@ -607,8 +541,12 @@ def run(args: argparse.Namespace) -> int:
                 disk_bytes = disk_bytes or streamed
                 state_bytes = c.opt.plan.state_nbytes
                 file_cache[c.name] = rss.state_cached_bytes(c.opt.state_dir)
-                # Durable steps also write the resident shards (into the uncommitted copy).
-                written = c.opt.plan.state_nbytes if c.name.endswith("-durable") else streamed
+                # Durable steps also write what their commits persist (the resident shards, once
+                # per commit): their floor is that of the bytes they were measured writing.
+                runs = results.get(c.name) or []
+                written = streamed
+                if "-not-durable" not in c.name and runs and "drive_bytes" in runs[0]:
+                    written = max(streamed, round(sum(r["drive_bytes"] for r in runs) / len(runs)))
                 io_bytes[c.name] = (streamed, written)
             elif isinstance(c, PipelinedSwapper):
                 disk_bytes = disk_bytes or c.swapped_nbytes
@@ -634,7 +572,12 @@ def run(args: argparse.Namespace) -> int:
             over = first["peak_over_baseline_bytes"]
             summary["rss_within_budget_plus_64MiB"] = None if over is None else over <= cfg["ram_budget"] + 64 * MiB
             summary["footprint_state_file_cached_bytes"] = first["state_file_cached_bytes"]
-    print(render(result, footprints, notes))
+    for name, entry in result["contenders"].items():
+        if name.startswith("tierstore-disk"):
+            entry["durable"] = "-not-durable" not in name
+    if cfg["steps"] < MIN_REPEATS:
+        notes.append(f"--steps {cfg['steps']}: fewer than {MIN_REPEATS} rounds, so no target can be judged "
+                     "(the verdicts say UNDECIDED)")
     document = {
         "tool": "tierstore bench step",
         "argv": sys.argv,
@@ -642,15 +585,25 @@ def run(args: argparse.Namespace) -> int:
         "duration_s": time.time() - started,
         "machine": machine_info(cfg["dir"]),
         "config": cfg,
+        "durability": durability_line(cfg),
         "summary": summary,
         "contenders": result["contenders"],
         "footprint": footprints,
         "notes": notes,
     }
+    document["verdicts"] = verdicts(document)
+    document["verdict"] = overall(document["verdicts"])
+    print(render(document, document["verdicts"]))
     if args.json:
         print(f"wrote {write_json(args.json, document)}")
     if args.plot:
-        title = (f"tierstore bench step: {cfg['params']:.2g} params, ram_budget {format_size(cfg['ram_budget'])}, "
-                 f"{format_size(disk_bytes)} on disk ({cfg['dir']})")
-        print(f"wrote {plot(result, args.plot, title=title)}")
-    return 0
+        print(f"wrote {plot(document, args.plot, title=plot_title(document))}")
+    return 0  # a FAIL is a finding, not an error: the verdicts and the JSON's "verdict" say it
+
+
+def plot_title(document: dict[str, Any]) -> str:
+    """The plot's title: size, budget, bytes on disk, where, and the durability of the disk runs."""
+    cfg, s = document["config"], document["summary"]
+    durable = {(True,): "durable", (False,): "not durable"}.get(tuple(cfg.get("durable", [True])), "durable and not")
+    return (f"tierstore bench step: {cfg['params']:.2g} fp32 params, ram_budget {format_size(cfg['ram_budget'])}, "
+            f"{format_size(s['disk_bytes'])} streamed each way per step ({cfg['dir']}; disk runs {durable})")
