@@ -26,7 +26,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-import tierstore.dcp as dcp_module
 from tierstore import ConfigError, TieredAdamW
 from tierstore._platform import faults
 from tierstore._storage.dcp_memory import (
@@ -35,7 +34,8 @@ from tierstore._storage.dcp_memory import (
     BlockRing,
     copy_ahead_of_caller,
 )
-from tierstore.dcp import TieredSavePlanner, TieredStateful, _boxes
+from tierstore.dcp import TieredSavePlanner, TieredStateful, _session, _stateful
+from tierstore.dcp._parts import boxes
 from tierstore.testing.crash import CrashJob, step_windows
 from tierstore.testing.distributed import (
     DistJob,
@@ -332,7 +332,8 @@ def test_dcp_save_matches_state_dict_and_loads_back(
     fields = 2 + keep_master + amsgrad
     budget = _budget(shard_numel, fields) if on_disk else None
     params, opt = _trained(shapes, shard_numel=shard_numel, ram_budget=budget, keep_master=keep_master, amsgrad=amsgrad)
-    with opt, mock.patch.object(dcp_module, "BLOCK_NBYTES", 4 * block_numel if block_numel else BLOCK_NBYTES):
+    block_nbytes = 4 * block_numel if block_numel else BLOCK_NBYTES  # the blocks cut, and the buffers they go through
+    with opt, mock.patch.object(_stateful, "BLOCK_NBYTES", block_nbytes), mock.patch.object(_session, "BLOCK_NBYTES", block_nbytes):
         planner = TieredSavePlanner() if use_planner else None
         dcp.save({"optim": TieredStateful(opt)}, checkpoint_id=path, planner=planner, no_dist=True)
         want = opt.state_dict()
@@ -378,7 +379,7 @@ def test_boxes_are_contiguous_and_cover_the_range(shape, cut, cap):
         lo, hi = 0, 1
     flat = torch.arange(numel).reshape(shape)
     pos = lo
-    for offsets, sizes, a, b in _boxes(shape, lo, hi, cap):
+    for offsets, sizes, a, b in boxes(shape, lo, hi, cap):
         box = flat[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))] if shape else flat
         assert a == pos and b - a == box.numel() <= max(cap, 1) and box.numel() > 0
         assert box.reshape(-1).tolist() == list(range(a, b))  # contiguous, in order
@@ -408,17 +409,17 @@ def test_staging_tensor_writes_what_dcp_copies_into_the_file(tmp_path):
     from torch.distributed._shard._utils import narrow_tensor_by_index
 
     from tierstore._storage.dcp_memory import StagingFile
-    from tierstore.dcp import _Staged
+    from tierstore.dcp._staging import Staged
 
     file = StagingFile(3 + 24, str(tmp_path))
     want = torch.zeros(4, 6)
-    target = _Staged(file, 3, (4, 6), (0, 0), (4, 6))
+    target = Staged(file, 3, (4, 6), (0, 0), (4, 6))
     for offsets, sizes in [((1, 2), (2, 3)), ((3, 0), (1, 6)), ((0, 5), (4, 1))]:
         piece = torch.randn(sizes)
         narrow_tensor_by_index(target.detach(), offsets, sizes).copy_(piece)
         want[offsets[0] : offsets[0] + sizes[0], offsets[1] : offsets[1] + sizes[1]] = piece
     got = torch.empty(24)
-    _Staged(file, 3, (24,), (0,), (24,)).read_into(got)
+    Staged(file, 3, (24,), (0,), (24,)).read_into(got)
     assert torch.equal(got.view(4, 6), want)
     with pytest.raises(RuntimeError, match="staging tensor"):
         target + 1

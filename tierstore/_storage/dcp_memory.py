@@ -20,7 +20,7 @@ tensors the state dict holds, and ``TieredStateful.load_state_dict`` streams
 them into the shards only afterwards, so the values need a home the size of
 the rank's state: :class:`StagingFile`, an unlinked file that the reader's
 copies write into (``pwrite``, through tensors that stand for parts of it,
-:class:`tierstore.dcp._Staged`) and the fill reads back (``pread``). No page of
+:class:`tierstore.dcp._staging.Staged`) and the fill reads back (``pread``). No page of
 it is mapped, so RSS holds only what DCP's reader itself allocates.
 
 Example
