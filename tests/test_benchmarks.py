@@ -34,8 +34,9 @@ def test_bench_io_quick_writes_json_and_png_and_cleans_up(tmp_path, capsys):
     drive.mkdir()
     out = tmp_path / "io.json"
     png = tmp_path / "io.png"
+    # One setting and no dd subprocesses: the default three rounds cost what one round of two settings did.
     rc = main(["bench", "io", "--dir", str(drive), "--quick", "--size", "8MiB", "--requests", "1MiB",
-               "--workers", "1,2", "--json", str(out), "--plot", str(png)])
+               "--workers", "2", "--no-dd", "--json", str(out), "--plot", str(png)])
     assert rc == 0
     assert _files(drive) == []  # test files removed
     doc = json.loads(out.read_text())
@@ -44,9 +45,14 @@ def test_bench_io_quick_writes_json_and_png_and_cleans_up(tmp_path, capsys):
         assert key in summary
     assert summary["best_read_GBps"] > 0 and summary["best_write_GBps"] > 0 and summary["memory_GBps"] > 0
     assert {"direct", "buffered", "mmap"} <= set(summary["best"])
-    assert summary["best"]["direct"]["read"]["workers"] in (1, 2)
+    assert summary["best"]["direct"]["read"]["workers"] == 2
+    assert summary["rounds"] == 3 and len(summary["ratios"]["direct_vs_raw_per_setting"]["read"]["samples"]) == 3
+    assert [v["key"] for v in doc["verdicts"]] == ["direct_vs_raw[read]", "direct_vs_raw[write]"]
+    assert doc["verdict"] in ("PASS", "FAIL") and doc["hardware"].startswith("hardware: ")
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
-    assert "best drive read" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert text.startswith("hardware: ") and "best drive read" in text and "direct_vs_raw" not in text
+    assert "targets: " in text and "over 3 repeats" in text
 
 
 def test_bench_step_small_writes_json_and_png_and_cleans_up(tmp_path, capsys):

@@ -18,6 +18,12 @@ Buffered and mmap reads start with the file evicted from the page cache,
 and their writes include the final ``fdatasync``/``msync``, so every figure
 is the drive's. The test files are removed afterwards.
 
+The whole grid runs ``--rounds`` times (3 by default), each round in a
+rotated order; figures are medians over rounds with the min-max beside
+them, ratios are taken round by round, and the target (the direct backend
+at >= 0.9x raw ``O_DIRECT``) gets PASS, FAIL or UNDECIDED (fewer than 3
+rounds) from :mod:`.io_report`. The report starts with the hardware line.
+
 ``summary.best_read_GBps``/``best_write_GBps`` are the best medians of the
 ``O_DIRECT`` kinds (``raw`` and ``direct``), i.e. what a well-fed drive
 sustains; ``memory_GBps`` is the copy bandwidth.
@@ -49,7 +55,9 @@ from ...backends import BACKENDS, open_backend, supports_direct_io
 from ...errors import ConfigError
 from ...sizes import format_size, parse_size
 from . import rawio, resources
-from .report import format_table, gbps, machine_info, median, new_figure, save_figure, write_json
+from .io_report import plot, render, summarize, verdicts
+from .report import gbps, hardware_line, machine_info, write_json
+from .verdict import MIN_REPEATS, overall
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +65,13 @@ MiB = 1 << 20
 FULL_REQUESTS = (1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB)
 FULL_WORKERS = (1, 2, 4, 8)
 QUICK_REQUESTS = (1 * MiB, 16 * MiB)
-QUICK_WORKERS = (1, 4)
+QUICK_WORKERS = (4,)  # a smoke run: two settings, so three rounds cost what one round of four did
 SPECIAL_REQUEST = 16 * MiB  # setting of the allocation and buffer-touch comparisons
 SPECIAL_DEPTH = 4
 TOUCH_CAP = 1 << 30  # 1 GiB: the touch comparison reads at most this much into one buffer
 DD_EVERY = 4  # grid points between repeated dd baselines
 DIRECT_KINDS = ("raw", "direct")
+DEFAULT_ROUNDS = 3  # a verdict needs three interleaved repeats (verdict.MIN_REPEATS)
 
 
 @dataclass
@@ -110,9 +119,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backends", default=",".join(BACKENDS), help=f"backends to measure (default {','.join(BACKENDS)})"
     )
-    parser.add_argument("--rounds", type=int, default=1, help="repeat the whole grid; medians are reported")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                        help=f"interleaved rounds of the whole grid (default {DEFAULT_ROUNDS}; a verdict needs "
+                        f"{MIN_REPEATS}): medians are reported with the spread over rounds")
     parser.add_argument("--no-dd", action="store_true", help="skip the real dd baseline")
-    parser.add_argument("--quick", action="store_true", help="a small grid and 256 MiB: a smoke run")
+    parser.add_argument("--quick", action="store_true", help="a small grid (1 and 16 MiB requests, 4 workers) and "
+                        "256 MiB: a smoke run")
     parser.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON")
     parser.add_argument("--plot", default=None, metavar="OUT.png", help="write a PNG plot")
 
@@ -365,7 +377,8 @@ class _Run:
                 if i and i % DD_EVERY == 0:
                     steps += self.baselines()
                 steps += self.grid_point(i, r, w)
-            steps += self.baselines()
+            if rnd == self.config.rounds - 1:
+                steps += self.baselines()  # the next round's opening baselines close this one
             rounds.append(steps)
         self.round = 0
         return rounds
@@ -379,166 +392,6 @@ def _rotate(items: Sequence[Any], by: int) -> list[Any]:
     return items[by:] + items[:by]
 
 
-# -- summary ----------------------------------------------------------------
-def summarize(trials: Sequence[Trial], *, memory_GBps: float, direct: bool) -> dict[str, Any]:
-    """Medians per setting, the best setting per kind, and the headline numbers."""
-    groups: dict[tuple[str, str, int, int], list[float]] = {}
-    for t in trials:
-        groups.setdefault((t.kind, t.op, t.request_bytes, t.workers), []).append(t.GBps)
-    settings = [
-        {"kind": k, "op": op, "request_bytes": r, "workers": w, "GBps": median(v), "runs": len(v)}
-        for (k, op, r, w), v in groups.items()
-    ]
-    best: dict[str, dict[str, dict[str, Any]]] = {}
-    for s in settings:
-        slot = best.setdefault(s["kind"], {})
-        if s["op"] not in slot or s["GBps"] > slot[s["op"]]["GBps"]:
-            slot[s["op"]] = {"GBps": s["GBps"], "request_bytes": s["request_bytes"], "workers": s["workers"]}
-
-    def best_of(kinds: Sequence[str], op: str) -> float | None:
-        values = [best[k][op]["GBps"] for k in kinds if k in best and op in best[k]]
-        return max(values) if values else None
-
-    def only(kind: str, op: str) -> float | None:
-        return best.get(kind, {}).get(op, {}).get("GBps")
-
-    drive_kinds = DIRECT_KINDS if direct else tuple(k for k in best if k in BACKENDS)
-    summary: dict[str, Any] = {
-        "best_read_GBps": best_of(drive_kinds, "read"),
-        "best_write_GBps": best_of(drive_kinds, "write"),
-        "dd_read_GBps": only("dd", "read"),
-        "dd_write_GBps": only("dd", "write"),
-        "ddlike_read_GBps": only("dd-like", "read"),
-        "ddlike_write_GBps": only("dd-like", "write"),
-        "memory_GBps": memory_GBps,
-        "direct_io_supported": direct,
-        "best": {k: v for k, v in best.items() if k in ("raw", *BACKENDS)},
-    }
-    if "direct" in best and "raw" in best:
-        summary["direct_vs_raw"] = {
-            op: best["direct"][op]["GBps"] / best["raw"][op]["GBps"]
-            for op in rawio.OPS
-            if op in best["direct"] and op in best["raw"]
-        }
-        # Best-of-grid picks the luckiest cell of a drifting disk; the median over
-        # settings of direct/raw at the same request size and workers is steadier.
-        cells = {(s["kind"], s["op"], s["request_bytes"], s["workers"]): s["GBps"] for s in settings}
-        summary["direct_vs_raw_per_setting"] = {}
-        for op in rawio.OPS:
-            ratios = [
-                cells[("direct", op, r, w)] / g
-                for (k, o, r, w), g in cells.items()
-                if k == "raw" and o == op and g and ("direct", op, r, w) in cells
-            ]
-            if ratios:
-                summary["direct_vs_raw_per_setting"][op] = median(ratios)
-    summary["allocation"] = {
-        "fresh_blocks_GBps": only("fresh-blocks", "write"),
-        "fallocated_blocks_GBps": only("fallocated-blocks", "write"),
-        "overwrite_GBps": only("overwrite-blocks", "write"),
-        "tierstore_writes_into": "overwritten blocks: the state file is fallocated at open and every "
-        "shard is written once at construction, so steps overwrite allocated, written blocks",
-    }
-    summary["buffers"] = {
-        "untouched_GBps": only("untouched-buffer", "read"),
-        "pretouched_GBps": only("pretouched-buffer", "read"),
-        "tierstore_reads_into": "pre-touched buffers: HostBuffer faults every arena page in at allocation",
-    }
-    return {"settings": settings, "summary": summary}
-
-
-def _grid_rows(settings: Sequence[dict[str, Any]], kinds: Sequence[str]) -> list[dict[str, Any]]:
-    rows: dict[tuple[int, int], dict[str, Any]] = {}
-    for s in settings:
-        if s["kind"] not in kinds:
-            continue
-        row = rows.setdefault((s["request_bytes"], s["workers"]), {"request": format_size(s["request_bytes"]), "workers": s["workers"]})
-        row[f"{s['kind']}_{s['op']}"] = s["GBps"]
-    return [rows[k] for k in sorted(rows)]
-
-
-def render(result: dict[str, Any], kinds: Sequence[str]) -> str:
-    """The terminal report: the grid table, then the baselines and headline numbers."""
-    columns = [("request", "request", "{}"), ("workers", "workers", "{}")]
-    for op in rawio.OPS:
-        columns += [(f"{k}_{op}", f"{k} {op[0]}", "{:.2f}") for k in kinds]
-    lines = ["GB/s (median over rounds); r = read, w = write", format_table(_grid_rows(result["settings"], kinds), columns), ""]
-    s = result["summary"]
-
-    def fmt(v: float | None) -> str:
-        return "-" if v is None else f"{v:.2f} GB/s"
-
-    lines.append(f"best drive read {fmt(s['best_read_GBps'])}, write {fmt(s['best_write_GBps'])} (O_DIRECT kinds)")
-    lines.append(f"dd (1 MiB, direct)  read {fmt(s['dd_read_GBps'])}, write {fmt(s['dd_write_GBps'])}")
-    lines.append(f"dd-like (python)    read {fmt(s['ddlike_read_GBps'])}, write {fmt(s['ddlike_write_GBps'])}")
-    for kind, ops in s["best"].items():
-        parts = [
-            f"{op} {fmt(v['GBps'])} @ {format_size(v['request_bytes'])} x{v['workers']}" for op, v in ops.items()
-        ]
-        lines.append(f"best {kind:<9} " + ", ".join(parts))
-    if "direct_vs_raw" in s:
-        lines.append("direct / raw: " + ", ".join(f"{op} {v:.2f}x" for op, v in s["direct_vs_raw"].items()))
-    if s.get("direct_vs_raw_per_setting"):
-        lines.append(
-            "direct / raw at the same setting (median over settings): "
-            + ", ".join(f"{op} {v:.2f}x" for op, v in s["direct_vs_raw_per_setting"].items())
-            + " (target >= 0.9)"
-        )
-    a, b = s["allocation"], s["buffers"]
-    lines.append(
-        f"writes: new blocks {fmt(a['fresh_blocks_GBps'])}, fallocated {fmt(a['fallocated_blocks_GBps'])}, "
-        f"overwrite {fmt(a['overwrite_GBps'])} (tierstore overwrites)"
-    )
-    lines.append(
-        f"reads: into untouched buffer {fmt(b['untouched_GBps'])}, pre-touched {fmt(b['pretouched_GBps'])} "
-        "(tierstore's arena is pre-touched)"
-    )
-    lines.append(f"host memory copy {fmt(s['memory_GBps'])}")
-    return "\n".join(lines)
-
-
-def plot(result: dict[str, Any], path: Path | str, *, kinds: Sequence[str], title: str) -> Path:
-    """Bandwidth against request size (best worker count) per kind, read and write, plus the baselines."""
-    fig, axes = new_figure(3, width=5.2)
-    s = result["summary"]
-    for ax, op in zip(axes[:2], rawio.OPS):
-        for kind in kinds:
-            points: dict[int, float] = {}
-            for row in result["settings"]:
-                if row["kind"] == kind and row["op"] == op and row["GBps"] == row["GBps"]:
-                    points[row["request_bytes"]] = max(points.get(row["request_bytes"], 0.0), row["GBps"])
-            if points:
-                xs = sorted(points)
-                ax.plot([x / MiB for x in xs], [points[x] for x in xs], marker="o", label=kind)
-        for key, style, label in ((f"dd_{op}_GBps", "--", "dd"), (f"ddlike_{op}_GBps", ":", "dd-like")):
-            if s.get(key):
-                ax.axhline(s[key], linestyle=style, color="grey", label=f"{label} {s[key]:.2f}")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("request size (MiB), best worker count")
-        ax.set_ylabel("GB/s")
-        ax.set_title(f"sequential {op}")
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
-    labels, values = [], []
-    for label, v in (
-        ("new blocks", s["allocation"]["fresh_blocks_GBps"]),
-        ("fallocated", s["allocation"]["fallocated_blocks_GBps"]),
-        ("overwrite", s["allocation"]["overwrite_GBps"]),
-        ("read untouched", s["buffers"]["untouched_GBps"]),
-        ("read pre-touched", s["buffers"]["pretouched_GBps"]),
-    ):
-        if v is not None:
-            labels.append(label)
-            values.append(v)
-    ax = axes[2]
-    ax.barh(labels, values, color=["tab:red", "tab:orange", "tab:green", "tab:red", "tab:green"][: len(values)])
-    ax.set_xlabel("GB/s (raw O_DIRECT)")
-    mem = s.get("memory_GBps")
-    ax.set_title("blocks and buffers" + (f" (memory copy {mem:.1f} GB/s)" if mem else ""))
-    fig.suptitle(title, fontsize=10)
-    return save_figure(fig, path)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; print the table; write JSON and PNG when asked."""
     from tqdm import tqdm
@@ -547,7 +400,7 @@ def run(args: argparse.Namespace) -> int:
     bench = _Run(config)
     if not bench.direct:
         log.warning("O_DIRECT is not supported under %s: raw, direct and dd baselines are skipped", config.directory)
-    memory: list[float] = []
+    memory: list[float] = []  # one per round, measured before the round's trials
     mem_bytes = 64 * MiB if config.quick else 512 * MiB
     needs = resources.io_needs(
         size=config.size, largest_window=max(config.requests) * max(config.workers), memory_copy_bytes=mem_bytes
@@ -556,30 +409,35 @@ def run(args: argparse.Namespace) -> int:
     started = time.time()
     try:
         bench.setup()
-        memory.append(rawio.memory_bandwidth(mem_bytes))
         rounds = bench.plan()
         total = sum(1 for steps in rounds for label, _ in steps if label)
         with tqdm(total=total, desc="bench io", unit="trial", disable=None, leave=False) as bar:
             for rnd, steps in enumerate(rounds):
                 bench.round = rnd
+                memory.append(rawio.memory_bandwidth(mem_bytes))
                 for label, step in steps:
                     if label:
                         bar.set_postfix_str(label, refresh=False)
                     step()
                     if label:
                         bar.update(1)
-        memory.append(rawio.memory_bandwidth(mem_bytes))
     finally:
         bench.cleanup()
     kinds = (["raw"] if bench.direct else []) + [b for b in config.backends if b != "direct" or bench.direct]
-    result = summarize(bench.trials, memory_GBps=max(memory) if memory else float("nan"), direct=bench.direct)
-    print(render(result, kinds))
+    result = summarize(bench.trials, memory_GBps=memory, direct=bench.direct)
+    machine = machine_info(config.directory)
+    found = verdicts(result)
+    if config.rounds < MIN_REPEATS:
+        log.warning("--rounds %d: a verdict needs at least %d interleaved rounds (the verdicts say UNDECIDED)",
+                    config.rounds, MIN_REPEATS)
+    print(render(result, kinds, machine=machine, verdict_list=found))
     document = {
         "tool": "tierstore bench io",
         "argv": sys.argv,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         "duration_s": time.time() - started,
-        "machine": machine_info(config.directory),
+        "machine": machine,
+        "hardware": hardware_line(machine),
         "config": {
             "dir": str(config.directory),
             "size": config.size,
@@ -589,6 +447,8 @@ def run(args: argparse.Namespace) -> int:
             "rounds": config.rounds,
             "quick": config.quick,
         },
+        "verdict": overall(found),
+        "verdicts": found,
         "summary": result["summary"],
         "settings": result["settings"],
         "memory_GBps_samples": memory,
@@ -599,4 +459,4 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         title = f"tierstore bench io: {config.directory} ({format_size(config.size)} per transfer)"
         print(f"wrote {plot(result, args.plot, kinds=kinds, title=title)}")
-    return 0
+    return 0  # a FAIL is a finding, not an error: the verdicts and the JSON's "verdict" say it
