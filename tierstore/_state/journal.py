@@ -57,7 +57,8 @@ import torch
 from .._layout.layout import Layout
 from .._platform import distributed
 from .._platform.faults import crash_point
-from .._storage.store import ShardStore, ShardTransfer
+from .._storage.shard_transfer import ShardTransfer
+from .._storage.store import ShardStore
 from ..errors import ConfigError, ConfigTypeError, CorruptStateError, NoStateError, StateExistsError
 from . import manifest as manifest_mod
 from .commit_policy import CommitClock, CommitPolicy, due

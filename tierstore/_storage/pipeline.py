@@ -43,7 +43,8 @@ import torch
 
 from .._layout.layout import ShardSpec
 from ..errors import ConfigError
-from .store import ShardStore, ShardTransfer
+from .shard_transfer import ShardTransfer
+from .store import ShardStore
 
 UpdateFn = Callable[[ShardSpec, torch.Tensor], object]
 

@@ -55,7 +55,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -68,99 +67,14 @@ from ..backends import ShardFile, open_backend, resolve_backend
 from ..backends.base import O_CLOEXEC
 from ..errors import ClosedError, ConfigError, CorruptStateError
 from .integrity import CHECKSUM_BLOCK, BlockDigests, checksum_mismatch
-from .transfer import IOQueue, Transfer
+from .shard_entry import ShardEntry
+from .shard_transfer import ShardTransfer
+from .transfer import IOQueue
 
 log = logging.getLogger(__name__)
 
 STATE_FILES = ("shards.0.bin", "shards.1.bin")
 MIN_PIN_SLACK = 3 * 4096  # each of the three buffers is rounded up to whole pages when pinned
-
-
-@dataclass(slots=True)
-class ShardEntry:
-    """One shard: its tier, its extent in the state files, and its committed copy.
-
-    Who may touch which field (the threads: the *step side*, i.e. whichever
-    thread runs the step or a whole-state visit, one at a time, handed over
-    by the overlap's synchronisation; the *commit thread* of
-    :class:`~tierstore._state.journal.Journal`; the I/O workers, which never touch
-    an entry):
-
-    - ``index``, ``tier``, ``nbytes``, ``offset``: fixed when the store is
-      built; any thread reads them.
-    - ``copy``, ``checksum``, ``written_step``, ``stale_checksum`` (the
-      committed record) and ``pending`` (the newest write since the last
-      commit): *the books*, shared by the step side (reads pick the newest
-      copy, writes pick the uncommitted one, a failed change forgets
-      ``pending``) and the commit thread (it adopts ``pending`` and records
-      the books in the manifest). Every read and write of them holds
-      :attr:`ShardStore.books` (:meth:`ShardStore.books_of` reads them
-      together, so no thread ever sees a copy with another copy's checksum).
-    - ``dirty``, ``persist``: resident shards' write bookkeeping, owned by the
-      step side (a step claims a shard, a commit's start writes it); the
-      commit thread only waits for the transfers it was handed and never
-      reads or writes these fields (checked: :meth:`ShardStore.claim_resident`
-      and :meth:`ShardStore.persist_resident` refuse the commit thread).
-    """
-
-    index: int
-    tier: str  # "ram" or "disk"
-    nbytes: int
-    offset: int  # byte offset of the extent in every state file
-    copy: int = 0  # books: the file holding the committed bytes
-    checksum: str | None = None  # books: checksum of the committed bytes (None: nothing committed)
-    written_step: int = -1  # books: the step_count whose commit wrote the committed bytes
-    stale_checksum: str | None = None  # books: checksum of the other copy (the previous commit), if intact
-    pending: tuple[int, str] | None = None  # books: (copy, checksum) written since the last commit: the newest bytes
-    dirty: bool = False  # step side: resident, changed since its bytes were last written
-    persist: ShardTransfer | None = None  # step side: resident, its write for a commit (done or in flight)
-
-    def record(self) -> dict:
-        """What the manifest keeps of this shard (call with the store's books lock held)."""
-        return {
-            "copy": self.copy,
-            "checksum": self.checksum,
-            "stale_checksum": self.stale_checksum,
-            "written_step": self.written_step,
-        }
-
-
-class ShardTransfer:
-    """A :class:`~tierstore._storage.transfer.Transfer` of one shard plus the check or bookkeeping after it.
-
-    Several threads may wait for one transfer (a commit and the next step both
-    wait for a resident shard's write): the bookkeeping runs once, and every
-    waiter sees its error.
-    """
-
-    __slots__ = ("_transfer", "_after", "_done", "_error", "_lock")
-
-    def __init__(self, transfer: Transfer, after: Callable[[], None]) -> None:
-        self._transfer = transfer
-        self._after = after
-        self._done = False
-        self._error: BaseException | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def nbytes(self) -> int:
-        return self._transfer.nbytes
-
-    def done(self) -> bool:
-        return self._transfer.done()
-
-    def wait(self) -> None:
-        """Wait for the bytes, then verify (reads) or record the checksum (writes)."""
-        self._transfer.wait()
-        with self._lock:
-            if not self._done:
-                self._done = True
-                try:
-                    self._after()
-                except BaseException as exc:
-                    self._error = exc
-            if self._error is not None:
-                raise self._error
 
 
 class ShardStore:
