@@ -1,0 +1,346 @@
+"""The optimizer's part of a trainer's checkpoint: a small reference file and a snapshot beside it.
+
+A trainer (Hugging Face ``Trainer``, Lightning, accelerate) saves a
+checkpoint as a folder. Instead of ``torch.save(optimizer.state_dict())``,
+which builds the whole state in RAM, the optimizer's part is written into
+that folder as two entries:
+
+- ``tierstore_optimizer.zarr``: the **snapshot**, a zarr v3 checkpoint
+  streamed shard by shard through the optimizer's arena
+  (:func:`tierstore.checkpoint.save_checkpoint`: no RAM beyond
+  ``ram_budget``, a checksum per chunk). It is a copy, independent of the
+  state directory, so it stays valid while training goes on and the state
+  directory keeps committing (its files are rewritten in place, so hard
+  links could not do that; this machine's ext4 has no reflinks). It costs
+  the state's bytes once on disk (the moments, and the masters when kept,
+  in their stored format).
+- ``tierstore_optimizer.json``: the **reference**, written after the
+  snapshot is complete and synced: the format, the step, the layout's
+  fingerprint, the snapshot's name and size, and the sha256 of the
+  snapshot's ``zarr.json`` (which holds every chunk's checksum), so a
+  reference matches exactly one snapshot.
+
+Both live inside the checkpoint folder, so whatever deletes the folder
+(rotation by ``save_total_limit`` or top-k, ``rm -r``) frees the snapshot,
+and copying the folder carries it. Loading checks the reference, the
+snapshot's metadata and every chunk's checksum, and names the checkpoint
+when something is missing or damaged; it never starts fresh silently.
+
+What can be left behind is found by :func:`check_trainer_checkpoints` (and
+``tierstore verify`` on a checkpoint folder or on the trainer's output
+folder): a snapshot without its reference (a save interrupted between the
+two) and the hidden ``.tierstore_optimizer.zarr.partial-*``/``.old-*``
+folders of a save that crashed. These are **orphans**: named with their
+size, safe to delete.
+
+Example
+-------
+>>> import tempfile, torch
+>>> from tierstore import TieredAdamW
+>>> ckpt = tempfile.mkdtemp() + "/checkpoint-1"
+>>> w = torch.nn.Parameter(torch.ones(4))
+>>> with TieredAdamW([w], lr=0.1) as opt:
+...     w.grad = torch.ones(4); _ = opt.step()
+...     _ = save_trainer_snapshot(opt, ckpt)
+>>> read_reference(ckpt)["step_count"]
+1
+>>> with TieredAdamW([w], lr=0.1) as fresh:
+...     load_trainer_snapshot(fresh, ckpt); fresh.step_count
+1
+>>> check_trainer_checkpoints(ckpt)
+[]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._state.statedir import atomic_write
+from .._version import __version__
+from ..checkpoint import load_checkpoint, save_checkpoint, verify_checkpoint
+from ..errors import ConfigError, CorruptStateError, FormatVersionError, TierstoreError
+
+__all__ = [
+    "REFERENCE_NAME",
+    "SNAPSHOT_NAME",
+    "REFERENCE_FORMAT",
+    "REFERENCE_VERSION",
+    "Finding",
+    "save_trainer_snapshot",
+    "load_trainer_snapshot",
+    "read_reference",
+    "has_trainer_snapshot",
+    "snapshot_nbytes",
+    "check_trainer_checkpoints",
+]
+
+log = logging.getLogger(__name__)
+
+REFERENCE_NAME = "tierstore_optimizer.json"
+SNAPSHOT_NAME = "tierstore_optimizer.zarr"
+REFERENCE_FORMAT = "tierstore-trainer-optimizer"
+REFERENCE_VERSION = 1
+REFERENCE_MAX_BYTES = 1 << 20  # 1 MiB: a reference is a few hundred bytes; a bigger file is not one
+# Hidden leftovers of tierstore.checkpoint's atomic writes (".NAME.partial-XXXX", ".NAME.old-XXXX").
+LEFTOVER_PREFIXES = (f".{SNAPSHOT_NAME}.partial-", f".{SNAPSHOT_NAME}.old-")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem :func:`check_trainer_checkpoints` found.
+
+    ``kind``: ``"error"`` (a checkpoint cannot resume its optimizer: its
+    snapshot is missing, damaged or not the one its reference names) or
+    ``"orphan"`` (a snapshot or a save's leftover that no reference uses:
+    disk to free). ``path``: what it is about; ``nbytes``: its size on disk
+    (orphans); ``message``: what is wrong and what to do.
+    """
+
+    kind: str
+    path: str
+    message: str
+    nbytes: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"
+
+
+def _zarr_json_digest(snapshot: Path) -> str:
+    # zarr.json holds the layout, steps and every chunk's checksum: its digest pins the whole snapshot.
+    with open(snapshot / "zarr.json", "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def snapshot_nbytes(path: str | os.PathLike) -> int:
+    """Bytes allocated on disk under ``path`` (a snapshot or any folder; sparse holes not counted)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except FileNotFoundError:
+                continue
+    return total
+
+
+def save_trainer_snapshot(opt: Any, checkpoint_dir: str | os.PathLike, *, checksum: str | None = "xxh3") -> Path:
+    """Write the optimizer's part of a trainer checkpoint into ``checkpoint_dir``; return the reference's path.
+
+    Streams the state into ``checkpoint_dir/tierstore_optimizer.zarr``
+    (:func:`tierstore.checkpoint.save_checkpoint`: shard by shard through
+    the arena, within ``ram_budget``), then writes the reference
+    ``tierstore_optimizer.json`` atomically. A snapshot already there (the
+    same checkpoint saved again) is replaced. Disk cost: the state's bytes
+    once (:func:`snapshot_nbytes`).
+
+    Parameters
+    ----------
+    opt
+        An open :class:`~tierstore.TieredAdamW`.
+    checkpoint_dir
+        The trainer's checkpoint folder (created if missing).
+    checksum
+        As :func:`~tierstore.checkpoint.save_checkpoint` (``"xxh3"`` by default).
+
+    Raises
+    ------
+    ClosedError, StepFailedError
+        If the optimizer is closed or failed.
+    DiskFullError, StateDirError
+        If the reference cannot be written.
+    """
+    folder = Path(checkpoint_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    snapshot = folder / SNAPSHOT_NAME
+    # Note: an existing reference goes first, so that a crash mid-save leaves an orphan snapshot
+    # (named by check_trainer_checkpoints), never a reference to a snapshot that is being replaced.
+    if os.path.lexists(folder / REFERENCE_NAME):
+        os.unlink(folder / REFERENCE_NAME)
+    save_checkpoint(opt, snapshot, overwrite=os.path.lexists(snapshot), checksum=checksum)
+    reference = {
+        "format": REFERENCE_FORMAT,
+        "format_version": REFERENCE_VERSION,
+        "tierstore_version": __version__,
+        "snapshot": SNAPSHOT_NAME,
+        "step_count": int(opt.step_count),
+        "fingerprint": opt.layout.fingerprint,
+        "state_bytes": int(opt.layout.state_nbytes),
+        "snapshot_bytes": snapshot_nbytes(snapshot),
+        "zarr_json_sha256": _zarr_json_digest(snapshot),
+    }
+    path = folder / REFERENCE_NAME
+    atomic_write(path, json.dumps(reference, indent=1).encode())
+    log.info("saved the optimizer snapshot of step %d into %s", reference["step_count"], folder)
+    return path
+
+
+def has_trainer_snapshot(checkpoint_dir: str | os.PathLike) -> bool:
+    """True when ``checkpoint_dir`` holds a tierstore reference file (its snapshot is checked on load)."""
+    return os.path.lexists(Path(checkpoint_dir) / REFERENCE_NAME)
+
+
+def read_reference(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
+    """The checked reference file of ``checkpoint_dir``.
+
+    Raises
+    ------
+    CorruptStateError
+        If it is missing, unreadable, too large, not JSON or lacks a field.
+    FormatVersionError
+        If a newer tierstore wrote it.
+    """
+    folder = Path(checkpoint_dir)
+    path = folder / REFERENCE_NAME
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(REFERENCE_MAX_BYTES + 1)
+    except OSError as exc:
+        raise CorruptStateError(
+            f"checkpoint {str(folder)!r}: cannot read its optimizer reference {REFERENCE_NAME} ({exc.strerror}); "
+            "copy the checkpoint folder again, whole"
+        ) from exc
+    try:
+        if len(raw) > REFERENCE_MAX_BYTES:
+            raise ValueError(f"larger than {REFERENCE_MAX_BYTES} bytes")
+        data = json.loads(raw)
+        if not isinstance(data, dict) or data.get("format") != REFERENCE_FORMAT:
+            raise ValueError(f"not a {REFERENCE_FORMAT!r} file")
+        version = data.get("format_version")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise ValueError(f"format_version is {version!r}")
+        if version > REFERENCE_VERSION:
+            raise FormatVersionError(
+                f"checkpoint {str(folder)!r}: its optimizer reference has format version {version}; this "
+                f"tierstore ({__version__}) reads up to {REFERENCE_VERSION}: upgrade tierstore"
+            )
+        for key, kind in (("snapshot", str), ("step_count", int), ("fingerprint", str), ("zarr_json_sha256", str)):
+            if not isinstance(data.get(key), kind):
+                raise ValueError(f"{key} is {data.get(key)!r}")
+        if data["snapshot"] != SNAPSHOT_NAME:
+            raise ValueError(f"snapshot names {data['snapshot']!r}, not {SNAPSHOT_NAME!r}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        if isinstance(exc, FormatVersionError):
+            raise
+        raise CorruptStateError(
+            f"checkpoint {str(folder)!r}: its optimizer reference {REFERENCE_NAME} is damaged ({exc}); "
+            "resume from another checkpoint"
+        ) from exc
+    return data
+
+
+def _checked_snapshot(folder: Path) -> tuple[dict[str, Any], Path]:
+    """The reference and its snapshot's path, after checking that the snapshot is the one it names."""
+    reference = read_reference(folder)
+    snapshot = folder / SNAPSHOT_NAME
+    if not os.path.isdir(snapshot):
+        raise CorruptStateError(
+            f"checkpoint {str(folder)!r} refers to its optimizer snapshot {SNAPSHOT_NAME}/ (step "
+            f"{reference['step_count']}), which is missing: a checkpoint folder must be copied whole, "
+            f"{SNAPSHOT_NAME}/ and {REFERENCE_NAME} included"
+        )
+    try:
+        digest = _zarr_json_digest(snapshot)
+    except OSError as exc:
+        raise CorruptStateError(
+            f"checkpoint {str(folder)!r}: its optimizer snapshot has no readable zarr.json ({exc.strerror}); "
+            "copy the checkpoint folder again, whole, or resume from another checkpoint"
+        ) from exc
+    if digest != reference["zarr_json_sha256"]:
+        raise CorruptStateError(
+            f"checkpoint {str(folder)!r}: its optimizer snapshot is not the one {REFERENCE_NAME} names "
+            "(zarr.json's sha256 differs: replaced or damaged); resume from another checkpoint"
+        )
+    return reference, snapshot
+
+
+def load_trainer_snapshot(opt: Any, checkpoint_dir: str | os.PathLike) -> None:
+    """Load the optimizer's part of a trainer checkpoint, shard by shard, and commit it.
+
+    Checks the reference and that the snapshot is the one it names, then
+    :func:`tierstore.checkpoint.load_checkpoint` (every chunk's checksum,
+    within ``ram_budget``). A durable state directory then holds this
+    checkpoint's step: it follows the trainer's checkpoint.
+
+    Raises
+    ------
+    CorruptStateError
+        Naming the checkpoint, if the reference or the snapshot is missing or
+        damaged. A chunk found damaged mid-load leaves the optimizer unusable
+        (``StepFailedError`` on its next use): the job stops, it never trains
+        on from a half-loaded state.
+    LayoutMismatchError
+        If the checkpoint belongs to another model.
+    """
+    folder = Path(checkpoint_dir)
+    reference, snapshot = _checked_snapshot(folder)
+    try:
+        load_checkpoint(opt, snapshot)
+    except CorruptStateError as exc:
+        raise CorruptStateError(f"checkpoint {str(folder)!r}: its optimizer snapshot is damaged: {exc}") from exc
+    log.info("loaded the optimizer snapshot of step %d from %s", reference["step_count"], folder)
+
+
+def _candidates(root: Path) -> list[Path]:
+    """``root`` and its sub-folders (a trainer's output folder holds checkpoint-N/, or Lightning's .ckpt folders)."""
+    folders = [root]
+    try:
+        with os.scandir(root) as it:
+            folders += sorted(Path(e.path) for e in it if e.is_dir(follow_symlinks=False) and e.name != SNAPSHOT_NAME
+                              and not e.name.startswith(LEFTOVER_PREFIXES))  # fmt: skip
+    except NotADirectoryError:
+        return []
+    return folders
+
+
+def check_trainer_checkpoints(path: str | os.PathLike, *, chunks: bool = True) -> list[Finding]:
+    """Check the trainer checkpoints in ``path`` (one checkpoint folder, or a folder of them).
+
+    For every folder with a reference: the snapshot is there, is the one it
+    names, and (``chunks``) every chunk matches its checksum (an error
+    otherwise). Everywhere: a snapshot with no reference, or a save's
+    hidden leftover, is an orphan (named with its size; delete it).
+
+    Raises
+    ------
+    ConfigError
+        If ``path`` is not a directory.
+
+    Example
+    -------
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); (d / "checkpoint-3" / SNAPSHOT_NAME).mkdir(parents=True)
+    >>> [f.kind for f in check_trainer_checkpoints(d)]
+    ['orphan']
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise ConfigError(f"{str(root)!r} is not a directory; pass a trainer checkpoint folder or its output folder")
+    findings: list[Finding] = []
+    for folder in _candidates(root):
+        snapshot = folder / SNAPSHOT_NAME
+        if has_trainer_snapshot(folder):
+            try:
+                _checked_snapshot(folder)
+                problems = verify_checkpoint(snapshot) if chunks else []
+            except TierstoreError as exc:
+                findings.append(Finding("error", str(folder), str(exc)))
+                continue
+            findings += [Finding("error", str(folder), f"checkpoint {str(folder)!r}: {p}") for p in problems]
+        elif os.path.lexists(snapshot):
+            size = snapshot_nbytes(snapshot)
+            findings.append(Finding("orphan", str(snapshot), f"{snapshot} ({size} bytes) has no {REFERENCE_NAME} "
+                                    "beside it (a save was interrupted, or the reference was deleted): nothing "
+                                    "resumes from it; delete it", size))  # fmt: skip
+        with os.scandir(folder) as it:
+            leftovers = sorted(e.path for e in it if e.name.startswith(LEFTOVER_PREFIXES))
+        for left in leftovers:
+            size = snapshot_nbytes(left)
+            findings.append(Finding("orphan", left, f"{left} ({size} bytes) is what a crashed snapshot save left; "
+                                    "delete it", size))  # fmt: skip
+    return findings
