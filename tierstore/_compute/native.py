@@ -73,6 +73,7 @@ from pathlib import Path
 
 from torch import Tensor
 
+from .._config.registry import env
 from ..errors import ConfigError
 from .build_flags import COMPILE_FLAGS, FALLBACK_FLAGS, INSTALLED_NAME, SOURCE
 from .build_flags import LIBS as _LIBS
@@ -133,14 +134,7 @@ class Kernel:
 
 
 def _mode() -> str:
-    mode = os.environ.get("TIERSTORE_NATIVE", "auto").strip().lower()
-    if mode in ("", "auto", "1", "on"):
-        return "auto"
-    if mode in ("0", "off", "no", "false"):
-        return "off"
-    if mode == "require":
-        return "require"
-    raise ConfigError(f"TIERSTORE_NATIVE={mode!r} is unknown; use 'auto' (default), '0' or 'require'")
+    return str(env("TIERSTORE_NATIVE"))  # "auto", "off" or "require"
 
 
 def _compiler() -> list[str] | None:
@@ -152,18 +146,14 @@ def _compiler() -> list[str] | None:
         ``TIERSTORE_CC`` is set to a command that is not found: it is never
         silently replaced by another compiler.
     """
-    chosen = os.environ.get("TIERSTORE_CC", "").strip()
+    chosen = env("TIERSTORE_CC")  # the command line split, or None when unset
     if chosen:
-        try:
-            argv = shlex.split(chosen)
-        except ValueError as e:
-            raise ConfigError(f"TIERSTORE_CC={chosen!r} is not a command line ({e}); set it to a compiler, e.g. gcc") from e
-        if not argv or shutil.which(argv[0]) is None:
+        if shutil.which(chosen[0]) is None:
             raise ConfigError(
-                f"TIERSTORE_CC={chosen!r}: {argv[0] if argv else chosen!r} is not found on PATH; "
+                f"TIERSTORE_CC={shlex.join(chosen)!r}: {chosen[0]!r} is not found on PATH; "
                 "set it to an installed C compiler (gcc, clang, a full path) or unset it"
             )
-        return argv
+        return list(chosen)
     for name in (os.environ.get("CC", "").strip(), "cc", "gcc", "clang"):
         if name:
             with contextlib.suppress(ValueError):
@@ -175,8 +165,9 @@ def _compiler() -> list[str] | None:
 
 def cache_dir() -> Path:
     """Where first-use builds are kept (see the module docs)."""
-    if os.environ.get("TIERSTORE_CACHE_DIR"):
-        return Path(os.environ["TIERSTORE_CACHE_DIR"])
+    chosen = env("TIERSTORE_CACHE_DIR")
+    if chosen is not None:
+        return chosen
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "tierstore"
 

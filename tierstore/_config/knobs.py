@@ -17,24 +17,11 @@ tierstore.errors.ConfigError: io_workers=0 must be an int >= 1
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-from ..errors import ConfigError
+from .registry import BACKEND_NAMES, KNOBS, check_int
 
-BACKEND_NAMES = ("auto", "direct", "buffered", "mmap")
-
-
-def check_int(name: str, value: object, minimum: int) -> int:
-    """``value`` if it is an int (not a bool) >= ``minimum``.
-
-    Raises
-    ------
-    ConfigError
-        Naming the value and the minimum.
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name}={value!r} must be an int >= {minimum}")
-    return value
+__all__ = ["Knobs", "BACKEND_NAMES", "check_int", "default_update_threads"]
 
 
 def default_update_threads() -> int:
@@ -52,25 +39,17 @@ class Knobs:
         For a value of the wrong type or range, naming it and the fix.
     """
 
-    backend: str = "auto"
-    prefetch_depth: int = 2
-    io_workers: int = 8
-    request_bytes: int = 1 << 20  # 1 MiB
-    update_threads: int | None = None  # None: all cores but one while shards stream
-    pin_memory: bool | None = None  # None: pin exactly when CUDA is available
+    # The defaults and checks are the registry's (tierstore._config.registry): declared once.
+    backend: str = KNOBS["backend"].default
+    prefetch_depth: int = KNOBS["prefetch_depth"].default
+    io_workers: int = KNOBS["io_workers"].default
+    request_bytes: int = KNOBS["request_bytes"].default  # 1 MiB
+    update_threads: int | None = KNOBS["update_threads"].default  # None: all cores but one while shards stream
+    pin_memory: bool | None = KNOBS["pin_memory"].default  # None: pin exactly when CUDA is available
 
     def __post_init__(self) -> None:
-        if not isinstance(self.backend, str):
-            raise ConfigError(f"backend={self.backend!r} must be a string such as 'auto', 'direct' or 'mmap'")
-        if self.backend not in BACKEND_NAMES:
-            raise ConfigError(f"backend={self.backend!r} is unknown; choose 'auto', 'direct', 'buffered' or 'mmap'")
-        check_int("prefetch_depth", self.prefetch_depth, 1)
-        if self.update_threads is not None:
-            check_int("update_threads", self.update_threads, 1)
-        check_int("io_workers", self.io_workers, 1)
-        check_int("request_bytes", self.request_bytes, 4096)
-        if self.request_bytes % 4096:
-            raise ConfigError(f"request_bytes={self.request_bytes} must be a multiple of 4096, e.g. 8 << 20")
+        for f in fields(self):
+            KNOBS[f.name].validate(getattr(self, f.name))
 
     @property
     def arena_slots(self) -> int:

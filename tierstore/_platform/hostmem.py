@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import mmap
-import os
 import resource
 import threading
 from collections.abc import Callable
@@ -45,7 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ConfigError
+from .._config.registry import env
 from ..sizes import format_size
 
 PAGE = 4096
@@ -63,13 +62,7 @@ def huge_pages_wanted() -> bool:
     ConfigError
         For any other value.
     """
-    raw = os.environ.get("TIERSTORE_HUGEPAGES", "1")
-    value = raw.strip().lower()
-    if value in ("", "1"):
-        return True
-    if value == "0":
-        return False
-    raise ConfigError(f"TIERSTORE_HUGEPAGES={raw!r} is unknown; use '1' (default) or '0'")
+    return bool(env("TIERSTORE_HUGEPAGES"))
 
 
 def _advise_huge(mm: mmap.mmap, size: int, wanted: bool) -> bool:
