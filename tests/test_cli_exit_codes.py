@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from tierstore import TieredAdamW
-from tierstore._state.statedir import MANIFEST, _manifest_checksum
+from tierstore._state.manifest_file import manifest_checksum as _manifest_checksum
+from tierstore._state.statedir import MANIFEST
 from tierstore.cli import COMMANDS, main
 
 HANG_S = 10  # what "does not hang" means here
@@ -110,9 +111,10 @@ USAGE = [
     pytest.param(lambda s, t: ["to-torch", str(t / "nope"), str(t / "o.pt")], "does not exist", id="to-torch-missing"),
     pytest.param(lambda s, t: ["to-torch", str(s), str(t / "d" / "o.pt")], "does not exist", id="to-torch-no-out-dir"),
     pytest.param(lambda s, t: ["to-torch", "--from-zarr", str(s), str(t / "o.pt")], "drop --from-zarr", id="wrong-kind"),
-    pytest.param(lambda s, t: ["to-torch", str(s), str(t)], "exists; pass --overwrite", id="to-torch-exists"),
-    pytest.param(lambda s, t: ["to-torch", "--overwrite", str(s), str(t)], "not a regular file", id="to-torch-onto-dir"),
-    pytest.param(lambda s, t: ["export", "--overwrite", str(s), str(t)], "not a tierstore checkpoint", id="export-onto-dir"),
+    pytest.param(lambda s, t: ["to-torch", str(s), str(t / "keep.txt")], "exists; pass --overwrite", id="to-torch-exists"),
+    pytest.param(lambda s, t: ["to-torch", str(s), str(t)], "is a directory; to-torch writes one .pt file", id="to-torch-dir"),
+    pytest.param(lambda s, t: ["to-torch", "--overwrite", str(s), str(t)], "never replaces a directory", id="to-torch-onto-dir"),
+    pytest.param(lambda s, t: ["export", "--overwrite", str(s), str(t)], "a directory that is not a zarr checkpoint", id="export-onto-dir"),
     pytest.param(lambda s, t: ["plan", "--params", "lots", "--host-ram", "1GiB"], "--params", id="bad-value"),
     pytest.param(lambda s, t: ["verify", "--no-such-flag", str(s)], "unrecognized arguments", id="bad-flag"),
 ]

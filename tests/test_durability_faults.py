@@ -201,7 +201,7 @@ def test_manifest_from_another_model(tmp_path):
 
 
 def test_newer_format_version(tmp_path):
-    from tierstore._state import statedir
+    from tierstore._state import manifest_file
 
     job = _job(tmp_path)
     opt, params = _open(job)
@@ -209,9 +209,9 @@ def test_newer_format_version(tmp_path):
     opt.close()
     path = Path(job.state_dir) / "manifest.json"
     body = json.loads(path.read_text())
-    body["format_version"] = statedir.FORMAT_VERSION + 1
+    body["format_version"] = manifest_file.FORMAT_VERSION + 1
     body.pop("manifest_checksum")
-    body["manifest_checksum"] = statedir._manifest_checksum(body)
+    body["manifest_checksum"] = manifest_file.manifest_checksum(body)
     path.write_text(json.dumps(body))
     before = _snapshot(Path(job.state_dir))
     with pytest.raises(FormatVersionError, match="Upgrade tierstore"):

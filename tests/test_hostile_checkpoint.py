@@ -29,7 +29,8 @@ import torch
 
 from tierstore import TieredAdamW
 from tierstore._layout.layout import MAX_SHARD_NUMEL, Layout
-from tierstore._state.statedir import MANIFEST, _manifest_checksum
+from tierstore._state.manifest_file import manifest_checksum as _manifest_checksum
+from tierstore._state.statedir import MANIFEST
 from tierstore.checkpoint import (
     checkpoint_to_state_dict,
     export_statedir,

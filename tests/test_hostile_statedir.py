@@ -31,8 +31,9 @@ from tierstore import (
     TieredAdamW,
     TierstoreError,
 )
+from tierstore._state.manifest_file import MAX_MANIFEST_BYTES
+from tierstore._state.manifest_file import manifest_checksum as _manifest_checksum
 from tierstore._state.reader import StateReader
-from tierstore._state.statedir import MAX_MANIFEST_BYTES, _manifest_checksum
 from tierstore.errors import ConfigError, ConfigTypeError, NoStateError, NotStateDirError
 
 KW = dict(shard_numel=1024, ram_budget="40KiB", backend="buffered", lr=1e-2)

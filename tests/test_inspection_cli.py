@@ -143,7 +143,7 @@ def test_verify_damaged_files(state_dir: Path, capsys: pytest.CaptureFixture, da
 
 def _set_format_version(d: Path, version: int) -> None:
     """Rewrite the manifest as a newer tierstore would: another version, a valid checksum."""
-    from tierstore._state.statedir import _manifest_checksum
+    from tierstore._state.manifest_file import manifest_checksum as _manifest_checksum
 
     raw = _manifest(d)
     raw["format_version"] = version

@@ -169,13 +169,13 @@ def saved_layout(manifest: dict[str, Any], where: str) -> Layout:
         layout = Layout.from_dict(raw)
     except _LAYOUT_ERRORS as exc:
         raise CorruptStateError(
-            f"the manifest in {where} has no readable layout ({type(exc).__name__}: {_short(str(exc), 300)}); "
+            f"the manifest in {where} has no readable layout ({type(exc).__name__}: {short_repr(str(exc), 300)}); "
             f"{_FIX}"
         ) from exc
     if layout.fingerprint != manifest.get("fingerprint"):
         raise CorruptStateError(
             f"the manifest in {where} does not match its own layout fingerprint "
-            f"(fingerprint={_short(manifest.get('fingerprint'))}); {_FIX}"
+            f"(fingerprint={short_repr(manifest.get('fingerprint'))}); {_FIX}"
         )
     return layout
 
@@ -190,13 +190,14 @@ _FLAGS = ("amsgrad", "maximize", "capturable", "differentiable", "decoupled_weig
 _OPTIONAL_FLAGS = ("foreach", "fused")
 
 
-def _short(value: Any, limit: int = 80) -> str:
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to at most ``limit`` characters for a message (the manifest and the state directory quote values with it)."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-2:]}"
 
 
 def _invalid(where: str, key: str, value: Any, expected: str) -> CorruptStateError:
-    return CorruptStateError(f"the manifest {where} has {key}={_short(value)}, expected {expected}; {_FIX}")
+    return CorruptStateError(f"the manifest {where} has {key}={short_repr(value)}, expected {expected}; {_FIX}")
 
 
 def _missing(where: str, key: str) -> CorruptStateError:

@@ -46,7 +46,8 @@ from ..backends import ShardFile, open_backend
 from ..backends.base import O_CLOEXEC
 from ..errors import BackendError, CorruptStateError, StateDirError
 from . import manifest as manifest_mod
-from .statedir import INFLIGHT, MANIFEST, read_manifest_file, state_dir_path
+from .manifest_file import read_manifest_file
+from .statedir import INFLIGHT, MANIFEST, state_dir_path
 
 #: Offline reads bypass the page cache where the filesystem allows it (a verify of a
 #: large state must not fill the page cache with it); ``buffered`` where it does not.

@@ -51,8 +51,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
 from .._platform.faults import crash_point
 from .._storage.store import STATE_FILES
 from .._version import __version__
@@ -61,16 +59,22 @@ from ..backends.base import O_CLOEXEC, O_NOFOLLOW, open_regular
 from ..errors import (
     ConfigError,
     ConfigTypeError,
-    CorruptStateError,
-    DiskFullError,
-    FormatVersionError,
     NoStateError,
     NotStateDirError,
     StateDirError,
     StateDirInUseError,
     TierstoreError,
 )
-from . import manifest as manifest_mod
+from .atomic_write import atomic_write, fsync_dir, write_all, write_error
+from .manifest import short_repr
+from .manifest_file import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MAX_MANIFEST_BYTES,
+    manifest_checksum,
+    read_at_most,
+    read_manifest_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +82,7 @@ MANIFEST = "manifest.json"
 MANIFEST_TMP = f".{MANIFEST}.tmp"
 LOCK = ".lock"  # who holds the directory (the lock itself is on the directory's descriptor)
 INFLIGHT = ".inflight"  # present while a step may be overwriting stale copies
-FORMAT_NAME = "tierstore"
-FORMAT_VERSION = 1
 
-#: The largest manifest read: 256 MiB. A manifest holds about 200 bytes per shard (its
-#: record and the previous commit's) plus about 150 per parameter: 256 MiB is over a
-#: million shards, 4 Pi elements at the default 4 Mi-element shards. A larger file is
-#: not a manifest tierstore wrote (and one is refused before it is written).
-MAX_MANIFEST_BYTES = 256 << 20
 MAX_HOLDER_BYTES = 4 << 10  # 4 KiB: the holder record is a few dozen bytes
 _HOLDER_TMP = (".lock-", ".tmp")  # a holder record being written: prefix and suffix
 #: The names tierstore writes in a state directory; anything else makes it foreign.
@@ -118,7 +115,7 @@ def state_dir_path(value: Any, *, name: str = "state_dir") -> Path | None:
     text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
     if not isinstance(text, str):
         raise ConfigTypeError(
-            f"{name}={_short(value)} ({type(value).__name__}) must be a path: a str or os.PathLike, e.g. "
+            f"{name}={short_repr(value)} ({type(value).__name__}) must be a path: a str or os.PathLike, e.g. "
             f"{name}='./optimizer-state' (or None for a private temporary directory)"
         )
     if text == "":
@@ -127,13 +124,8 @@ def state_dir_path(value: Any, *, name: str = "state_dir") -> Path | None:
             f"directory such as {name}='./optimizer-state', or None for a private temporary directory"
         )
     if "\0" in text:
-        raise ConfigError(f"{name}={_short(text)} contains a NUL character; pass a valid directory path")
+        raise ConfigError(f"{name}={short_repr(text)} contains a NUL character; pass a valid directory path")
     return Path(text).expanduser()
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-2:]}"
 
 
 class StateDir:
@@ -297,11 +289,11 @@ class StateDir:
                 "write to, or fix its permissions"
             ) from exc
         try:
-            _write_all(hfd, json.dumps(record).encode())
+            write_all(hfd, json.dumps(record).encode())
         except OSError as exc:
             os.close(hfd)
             os.unlink(name, dir_fd=fd)
-            raise _dir_error(exc, path / LOCK) from exc
+            raise write_error(exc, path / LOCK) from exc
         os.close(hfd)
         return name
 
@@ -317,7 +309,7 @@ class StateDir:
                 continue
             foreign.append(entry)
         if foreign:
-            shown = ", ".join(_short(n, 60) for n in foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            shown = ", ".join(short_repr(n, 60) for n in foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
             raise NotStateDirError(
                 f"state_dir={str(path)!r} holds {len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} that "
                 f"tierstore did not write ({shown}): it is not a tierstore state directory, and tierstore "
@@ -377,7 +369,7 @@ class StateDir:
         """
         body = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **data}
         body.pop("manifest_checksum", None)
-        body["manifest_checksum"] = _manifest_checksum(body)
+        body["manifest_checksum"] = manifest_checksum(body)
         payload = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
         if len(payload) > MAX_MANIFEST_BYTES:
             raise StateDirError(
@@ -410,7 +402,7 @@ class StateDir:
         except OSError as exc:
             if isinstance(exc, TierstoreError):
                 raise
-            raise _dir_error(exc, path) from exc
+            raise write_error(exc, path) from exc
         crash_point("inflight-marker")
 
     def end_writes(self) -> None:
@@ -468,7 +460,7 @@ def read_holder(dir_fd: int) -> str:
     except (OSError, TierstoreError):
         return unknown
     try:
-        raw = _read_at_most(fd, MAX_HOLDER_BYTES)
+        raw = read_at_most(fd, MAX_HOLDER_BYTES)
     except OSError:
         return unknown
     finally:
@@ -489,150 +481,3 @@ def read_holder(dir_fd: int) -> str:
         when = datetime.datetime.fromtimestamp(since, tz=datetime.timezone.utc)
         parts.append(f"since {when:%Y-%m-%d %H:%M:%S} UTC")
     return " ".join(parts) if parts else unknown
-
-
-def _manifest_checksum(body: dict) -> str:
-    content = {k: v for k, v in body.items() if k != "manifest_checksum"}
-    canonical = json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
-    return f"{xxhash.xxh3_64_intdigest(canonical):016x}"
-
-
-def _read_at_most(fd: int, limit: int) -> bytes:
-    """Up to ``limit + 1`` bytes of ``fd`` (one more than allowed tells the caller it is too long)."""
-    chunks, total = [], 0
-    while total <= limit:
-        chunk = os.read(fd, min(limit + 1 - total, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        total += len(chunk)
-    return b"".join(chunks)
-
-
-def read_manifest_file(path: Path, *, dir_fd: int | None = None) -> dict:
-    """Read and check a manifest file (see :meth:`StateDir.read_manifest`).
-
-    ``dir_fd``: the descriptor of the directory holding it (``path.name`` is
-    opened relative to it). Only a regular file is read, never through a
-    symlink, and at most :data:`MAX_MANIFEST_BYTES` of it.
-    """
-    path = Path(path)
-    fix = "restore the state directory from a checkpoint"
-    try:
-        fd = open_regular(path, os.O_RDONLY, dir_fd=dir_fd, what="manifest")
-    except FileNotFoundError:
-        raise CorruptStateError(f"{path} is missing; this directory holds no committed state") from None
-    except TierstoreError:
-        raise
-    except OSError as exc:
-        raise CorruptStateError(f"{path} cannot be read ({exc.strerror}); {fix}") from exc
-    try:
-        size = os.fstat(fd).st_size
-        raw = b"" if size > MAX_MANIFEST_BYTES else _read_at_most(fd, MAX_MANIFEST_BYTES)
-    except OSError as exc:
-        raise CorruptStateError(f"{path} cannot be read ({exc.strerror}); {fix}") from exc
-    finally:
-        os.close(fd)
-    if size > MAX_MANIFEST_BYTES or len(raw) > MAX_MANIFEST_BYTES:
-        raise CorruptStateError(
-            f"{path} is {max(size, len(raw))} bytes, more than the {MAX_MANIFEST_BYTES >> 20} MiB a tierstore "
-            f"manifest may be: it is not one tierstore wrote; {fix}"
-        )
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise CorruptStateError(f"{path} is corrupt (not valid JSON: {_short(str(exc), 200)}); {fix}") from exc
-    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
-        raise CorruptStateError(f"{path} is not a tierstore manifest (no \"format\": {FORMAT_NAME!r}); {fix}")
-    version = data.get("format_version")
-    if version != FORMAT_VERSION or isinstance(version, bool):
-        newer = isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION
-        raise FormatVersionError(
-            f"{path} has format_version {_short(version)}; this tierstore ({FORMAT_NAME} format "
-            f"{FORMAT_VERSION}) cannot read it. "
-            + ("Upgrade tierstore to resume it." if newer else "It was not written by a known tierstore.")
-        )
-    try:
-        intact = data.get("manifest_checksum") == _manifest_checksum(data)
-    except (ValueError, RecursionError):
-        intact = False
-    if not intact:
-        raise CorruptStateError(
-            f"{path} fails its checksum: it was modified or corrupted after it was written; {fix}"
-        )
-    manifest_mod.validate(data, str(path))
-    return data
-
-
-def _dir_error(exc: OSError, path: Path) -> Exception:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return DiskFullError(
-            f"disk full while writing {path}; free space on that drive. The last committed "
-            "state is untouched and resumable"
-        )
-    if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ELOOP):
-        return StateDirError(f"cannot write {path}: {exc.strerror}; something else stands at that name: remove it")
-    return StateDirError(f"cannot write {path}: {exc.strerror}; check the directory's permissions and its drive")
-
-
-def _write_all(fd: int, payload: bytes) -> None:
-    view = memoryview(payload)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def atomic_write(path: Path, payload: bytes, *, dir_fd: int | None = None) -> None:
-    """Write ``payload`` to ``path`` so that a crash leaves the old or the new content.
-
-    ``dir_fd``: the descriptor of the directory holding ``path`` (names are
-    resolved relative to it). The temporary ``.NAME.tmp`` is created
-    exclusively after removing whatever a crash (or anyone) left under that
-    name; nothing is written through a link.
-
-    Raises
-    ------
-    DiskFullError
-        If the drive is full; the old file is left as it was.
-    StateDirError
-        If the file cannot be written (naming why and what to do).
-
-    Example
-    -------
-    >>> import tempfile, pathlib
-    >>> p = pathlib.Path(tempfile.mkdtemp()) / "x.json"
-    >>> atomic_write(p, b"{}"); p.read_bytes()
-    b'{}'
-    """
-    path = Path(path)
-    tmp = f".{path.name}.tmp"
-    own = dir_fd is None
-    fd_dir = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | O_CLOEXEC) if own else dir_fd
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp, dir_fd=fd_dir)  # unlink never follows a link: a planted one just goes
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o644, dir_fd=fd_dir)
-        try:
-            _write_all(fd, payload)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        crash_point("manifest-tmp")
-        os.replace(tmp, path.name, src_dir_fd=fd_dir, dst_dir_fd=fd_dir)
-        crash_point("manifest-renamed")
-        os.fsync(fd_dir)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=fd_dir)
-        raise _dir_error(exc, path) from exc
-    finally:
-        if own:
-            os.close(fd_dir)
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or file creation in ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
