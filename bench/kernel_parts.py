@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from tierstore._compute import codecs, fused_update, native
+from tierstore._compute import formats, fused_update, native
 from tierstore._compute.hyper import GroupHyper
 from tierstore._platform import torch_private
 from tierstore.cli.bench.report import machine_info, write_json
@@ -71,13 +71,13 @@ class Workload:
     """Cold arrays of ``numel`` elements and the packed kernel arguments of every chunk."""
 
     def __init__(self, numel: int) -> None:
-        fmt = codecs.FORMATS["int8"]
+        fmt = formats.FORMATS["int8"]
         gen = torch.Generator().manual_seed(0)
         self.numel = numel
         self.target = torch.randn(numel, generator=gen)
         self.grad = (torch.randn(numel, generator=gen) * 1e-3).to(torch.bfloat16)
         self.out = torch.empty(numel, dtype=torch.bfloat16)
-        self.stored = [codecs.split(fmt, torch.zeros(fmt.encoded_nbytes(numel), dtype=torch.uint8), numel)
+        self.stored = [formats.split(fmt, torch.zeros(fmt.encoded_nbytes(numel), dtype=torch.uint8), numel)
                        for _ in range(2)]  # fmt: skip
         hyper = GroupHyper(lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False)
         out_flags = fused_update.bf16_param_flags()

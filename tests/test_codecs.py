@@ -29,8 +29,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierstore._compute import codecs
-from tierstore._compute.codecs import RoundingKey
+from tierstore._compute import codecs, formats
+from tierstore._compute.formats import RoundingKey
 from tierstore._compute.kernel import adamw
 from tierstore.errors import ConfigError
 
@@ -38,8 +38,8 @@ FORMATS = ["float32", "bfloat16", "int8"]
 FIELDS = ["exp_avg", "exp_avg_sq"]
 
 
-def variant(name: str, rounding: str | None = None) -> codecs.MomentFormat:
-    fmt = codecs.moment_format(name)
+def variant(name: str, rounding: str | None = None) -> formats.MomentFormat:
+    fmt = formats.moment_format(name)
     if rounding and not fmt.exact:
         fmt = dataclasses.replace(fmt, name=f"{name}-{rounding}", rounding=rounding)
     return fmt
@@ -93,27 +93,27 @@ KEY = RoundingKey(seed=7, step=3, offset=4096)
 @given(pages=st.integers(1, 5000))
 @settings(max_examples=40)
 def test_field_nbytes_is_page_aligned_and_holds_the_encoding(name, pages):
-    fmt = codecs.moment_format(name)
-    capacity = pages * codecs.CAPACITY_MULTIPLE
+    fmt = formats.moment_format(name)
+    capacity = pages * formats.CAPACITY_MULTIPLE
     nbytes = fmt.field_nbytes(capacity)
-    assert nbytes % codecs.FIELD_ALIGN == 0
-    assert fmt.encoded_nbytes(capacity) <= nbytes < fmt.encoded_nbytes(capacity) + codecs.FIELD_ALIGN
+    assert nbytes % formats.FIELD_ALIGN == 0
+    assert fmt.encoded_nbytes(capacity) <= nbytes < fmt.encoded_nbytes(capacity) + formats.FIELD_ALIGN
     assert fmt.encoded_nbytes(capacity) == capacity * fmt.bytes_per_element
-    codes, scales = codecs.split(fmt, torch.zeros(nbytes, dtype=torch.uint8), capacity)
+    codes, scales = formats.split(fmt, torch.zeros(nbytes, dtype=torch.uint8), capacity)
     assert codes.numel() == capacity
     if scales is not None:
-        assert scales.numel() == capacity // codecs.BLOCK_NUMEL
+        assert scales.numel() == capacity // formats.BLOCK_NUMEL
         assert (scales.data_ptr() - codes.data_ptr()) % 64 == 0
 
 
 def test_bytes_per_element_of_each_format():
-    assert [codecs.moment_format(n).bytes_per_element for n in FORMATS] == [4, 2, 1 + 4 / 256]
+    assert [formats.moment_format(n).bytes_per_element for n in FORMATS] == [4, 2, 1 + 4 / 256]
 
 
 @pytest.mark.parametrize("capacity", [0, 1000, 1025, -1024, 1024.0, True])
 def test_field_nbytes_rejects_capacities_that_are_not_page_multiples(capacity):
     with pytest.raises(ConfigError, match="multiple of 1024"):
-        codecs.moment_format("int8").field_nbytes(capacity)
+        formats.moment_format("int8").field_nbytes(capacity)
 
 
 # -- fast path == reference, bitwise ------------------------------------------------------
@@ -157,8 +157,8 @@ def test_stochastic_rounding_does_not_depend_on_how_the_field_is_cut(fmt, seed, 
     a = enc(fmt, "exp_avg_sq", x[:cut].clone(), key=RoundingKey(seed, 5, 1 << 20))
     b = enc(fmt, "exp_avg_sq", x[cut:].clone(), key=RoundingKey(seed, 5, (1 << 20) + cut))
     for part, lo, hi in ((a, 0, cut), (b, cut, 2048)):
-        codes, scales = codecs.split(fmt, part, hi - lo)
-        whole_codes, whole_scales = codecs.split(fmt, whole, 2048)
+        codes, scales = formats.split(fmt, part, hi - lo)
+        whole_codes, whole_scales = formats.split(fmt, whole, 2048)
         assert torch.equal(codes.view(torch.uint8), whole_codes[lo:hi].view(torch.uint8))
         if scales is not None:
             assert torch.equal(scales, whole_scales[lo // 256 : hi // 256])
@@ -184,9 +184,9 @@ def _block_scales(x: torch.Tensor, field: str) -> torch.Tensor:
 
 def _nearest_bound(fmt, field) -> float:
     """The largest distance from a positive map value to a decision boundary next to it."""
-    values = codecs.int8_map(fmt, field).astype(np.float64)
+    values = formats.int8_map(fmt, field).astype(np.float64)
     positive = values[values >= 0]
-    b = codecs.int8_boundaries(fmt, field).astype(np.float64)
+    b = formats.int8_boundaries(fmt, field).astype(np.float64)
     return float(max((b - positive[:-1]).max(), (positive[1:] - b).max()))
 
 
@@ -194,7 +194,7 @@ def test_int8_nearest_bounds_are_those_the_docs_state():
     assert _nearest_bound("int8", "exp_avg") == pytest.approx(0.00723, abs=1e-5)
     assert _nearest_bound("int8", "exp_avg_sq") == pytest.approx(0.00711, abs=1e-5)
     for field in FIELDS:  # the boundaries sit on the bucket grid, within 2**-11 of the midpoints
-        b = codecs.int8_boundaries("int8", field)
+        b = formats.int8_boundaries("int8", field)
         assert not bool(np.any(b.view(np.uint32) & 0xFFF))
 
 
@@ -203,9 +203,9 @@ def test_int8_nearest_table_agrees_with_the_rule_inside_every_bucket(field):
     """The fast path looks codes up by the upper 20 bits of x / s: every fp32 pattern of a
     bucket must get the code the reference rule gives it. Checked at the first, a middle and
     the last pattern of every one of the 2**20 buckets, each in a block whose scale is 1."""
-    fmt = codecs.moment_format("int8")
+    fmt = formats.moment_format("int8")
     first = np.arange(1 << 20, dtype=np.uint32) << 12
-    boundaries = codecs.int8_boundaries(fmt, field)
+    boundaries = formats.int8_boundaries(fmt, field)
     for low in (0, 0x7FF, 0xFFF):
         y = (first | low).view(np.float32)
         with np.errstate(invalid="ignore"):
@@ -216,7 +216,7 @@ def test_int8_nearest_table_agrees_with_the_rule_inside_every_bucket(field):
         scales = torch.empty(x.numel() // 256)
         codecs.encode_chunk(fmt, field, x, codes, scales)
         assert bool((scales == 1).all())
-        ref = codecs._nearest_codes(field == "exp_avg", boundaries, x.numpy())
+        ref = formats.nearest_codes(field == "exp_avg", boundaries, x.numpy())
         assert torch.equal(codes, torch.from_numpy(ref))
 
 
@@ -229,14 +229,14 @@ def test_int8_round_trip_error_per_block(rounding, field, seed, n, subnormal):
     x = sample(seed, n, field, subnormal=subnormal)
     e = enc(fmt, field, x, key=KEY)
     y = dec(fmt, field, e, n)
-    values = codecs.int8_map(fmt, field).astype(np.float64)
+    values = formats.int8_map(fmt, field).astype(np.float64)
     gap = float(np.diff(values).max())
     s = _block_scales(x, field).double()
     err = (y.double() - x.double()).abs()
     bound = s * (_nearest_bound(fmt, field) if rounding == "nearest" else gap) * (1 + 2**-20) + 2**-148
     assert bool((err <= bound).all()), float((err - bound).max())
     # the code is the map value nearest to x/s (nearest) or one of the two around it (stochastic)
-    codes, scales = codecs.split(fmt, e, n)
+    codes, scales = formats.split(fmt, e, n)
     stored = scales.repeat_interleave(256)[:n]
     assert torch.equal(stored, _block_scales(x, field))
     ratio = (x / torch.where(stored > 0, stored, 1)).double().numpy()
@@ -299,7 +299,7 @@ def test_zeros_round_trip_and_zero_filled_bytes_decode_to_zeros(fmt, field):
     e = enc(fmt, field, x, key=KEY)
     assert torch.equal(bits(dec(fmt, field, e, 3000)), bits(x))
     if fmt.code_itemsize == 1:
-        assert not bool(codecs.split(fmt, e, 3000)[1].any()), "zero blocks have zero scales"
+        assert not bool(formats.split(fmt, e, 3000)[1].any()), "zero blocks have zero scales"
     else:
         assert not bool(e.any())
     from_zero_bytes = dec(fmt, field, torch.zeros_like(e), 3000)
@@ -419,7 +419,7 @@ def test_one_math_fast_codecs_equal_reference_codecs_around_the_fused_kernel(fmt
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda: codecs.moment_format("fp8"), "moment_dtype='fp8' is unknown"),
+        (lambda: formats.moment_format("fp8"), "moment_dtype='fp8' is unknown"),
         (lambda: codecs.encode("int8", "master", torch.zeros(4), torch.zeros(64, dtype=torch.uint8)), "not a moment field"),
         (lambda: codecs.encode("int8", "exp_avg", torch.zeros(4, dtype=torch.float64), torch.zeros(64, dtype=torch.uint8)), "float32"),
         (lambda: codecs.encode("int8", "exp_avg", torch.zeros(1024), torch.zeros(1024, dtype=torch.uint8)), "at least 1040 bytes"),

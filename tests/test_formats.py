@@ -32,7 +32,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierstore import ConfigError, LayoutMismatchError, TieredAdamW
-from tierstore._compute import codecs
+from tierstore._compute import codecs, formats
 from tierstore._layout.budget import plan_tiers
 from tierstore._layout.layout import Layout
 from tierstore._state.reader import StateReader
@@ -306,7 +306,7 @@ def test_resuming_with_another_moment_dtype_names_the_fix(tmp_path, saved, mine)
         ("fp16", ConfigError, r"moment_dtype='fp16': float16 moments are not offered"),
         (None, ConfigError, "moment_dtype=None is unknown"),
         (8, ConfigError, "moment_dtype=8 is unknown"),
-        (codecs.MomentFormat("int8-stochastic", 1, 256, rounding="stochastic", sqrt_second=True), ConfigError,
+        (formats.MomentFormat("int8-stochastic", 1, 256, rounding="stochastic", sqrt_second=True), ConfigError,
          "is a codec variant, not a state format"),
     ],
 )
@@ -387,7 +387,7 @@ def test_load_state_dict_encodes_torch_moments(fmt):
         got = opt.state_dict()["state"][0]
     for key in ("exp_avg", "exp_avg_sq"):
         want = sd["state"][0][key]
-        enc = torch.zeros(codecs.moment_format(fmt).encoded_nbytes(3000), dtype=torch.uint8)
+        enc = torch.zeros(formats.moment_format(fmt).encoded_nbytes(3000), dtype=torch.uint8)
         codecs.encode(fmt, key, want, enc, impl="reference")
         expected = torch.empty(3000)
         codecs.decode(fmt, key, enc, expected, impl="reference")
@@ -419,7 +419,7 @@ def _fresh(fmt: str, **kwargs) -> tuple[list, TieredAdamW]:
 def _converted(values: torch.Tensor, key: str, fmt: str) -> torch.Tensor:
     """What storing ``values`` in ``fmt`` gives back."""
     flat = values.reshape(-1).contiguous()
-    enc = torch.zeros(codecs.moment_format(fmt).encoded_nbytes(flat.numel()), dtype=torch.uint8)
+    enc = torch.zeros(formats.moment_format(fmt).encoded_nbytes(flat.numel()), dtype=torch.uint8)
     codecs.encode(fmt, key, flat, enc, impl="reference")
     out = torch.empty(flat.numel())
     codecs.decode(fmt, key, enc, out, impl="reference")

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierstore import TieredAdamW
-from tierstore._compute import codecs, fused_update, native
+from tierstore._compute import codecs, formats, fused_update, native
 from tierstore._compute.hyper import GroupHyper
 from tierstore._platform import torch_private
 from tierstore.errors import ParamsChangedError
@@ -60,7 +60,7 @@ def test_the_kernel_equals_decode_torch_fused_adamw_encode(fmt, lengths, gaps, h
     """fp32 or bfloat16 gradients and parameters per piece: the torch path widens bfloat16 gradients
     into fp32 and gives a bfloat16 parameter ``param.copy_(master)``."""
     k = _need_fused()
-    fmt = codecs.FORMATS[fmt]
+    fmt = formats.FORMATS[fmt]
     layout, at = [], 0
     for numel, gap in zip(lengths, gaps):
         at += gap
@@ -68,7 +68,7 @@ def test_the_kernel_equals_decode_torch_fused_adamw_encode(fmt, lengths, gaps, h
         at += numel
     n = at + 37  # a partial last block, never touched
     gen = torch.Generator().manual_seed(seed)
-    stored = [codecs.split(fmt, torch.zeros(fmt.encoded_nbytes(n), dtype=torch.uint8), n) for _ in codecs.FIELDS]
+    stored = [formats.split(fmt, torch.zeros(fmt.encoded_nbytes(n), dtype=torch.uint8), n) for _ in formats.FIELDS]
     reference = [(c.clone(), None if s is None else s.clone()) for c, s in stored]
     target = torch.randn(n, generator=gen)
     expected = target.clone()

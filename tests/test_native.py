@@ -21,7 +21,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierstore._compute import codecs, fused_update, native
+from tierstore._compute import codecs, formats, fused_update, native
 from tierstore.errors import ConfigError
 
 HAVE_CC = native._compiler() is not None
@@ -35,7 +35,7 @@ def _need_kernel() -> native.Kernel:
 
 
 def _encode(field: str, x: torch.Tensor, impl: str) -> torch.Tensor:
-    out = torch.zeros(codecs.moment_format("int8").encoded_nbytes(x.numel()), dtype=torch.uint8)
+    out = torch.zeros(formats.moment_format("int8").encoded_nbytes(x.numel()), dtype=torch.uint8)
     codecs.encode("int8", field, x, out, threads=1, impl=impl)
     return out
 

@@ -3,9 +3,10 @@
 Until 0.2 the package was one flat folder, so code may say ``from
 tierstore.store import ShardStore``. Those modules now live in private
 packages by role (``docs/architecture.md``); the old path imports the same
-module object under its new name and warns once per path. Internal modules
-make no promise of stability: import from :mod:`tierstore` and the public
-modules instead. This shim goes in 0.3.
+module object under its new name and warns once per path (a module that was
+split, ``tierstore.codecs``, imports as one whose names resolve from their new
+homes: :data:`SPLIT`). Internal modules make no promise of stability: import
+from :mod:`tierstore` and the public modules instead. This shim goes in 0.3.
 
 Example
 -------
@@ -35,7 +36,6 @@ MOVED: dict[str, str] = {
     "budget": "_layout.budget",
     "build_flags": "_compute.build_flags",
     "chunkfile": "_storage.chunkfile",
-    "codecs": "_compute.codecs",
     "commit_policy": "_state.commit_policy",
     "dcp_memory": "_storage.dcp_memory",
     "demo": "cli.demo",
@@ -69,6 +69,13 @@ MOVED: dict[str, str] = {
     "transfer": "_storage.transfer",
     "update": "_runtime.update",
     "workers": "_platform.workers",
+}
+#: Old path -> the modules its names were split into, searched in order: the old
+#: module's names resolve from their new homes (``tierstore.codecs.encode`` is
+#: ``tierstore._compute.codecs.encode``, ``tierstore.codecs.moment_format`` is
+#: ``tierstore._compute.formats.moment_format``).
+SPLIT: dict[str, tuple[str, ...]] = {
+    "codecs": ("_compute.codecs", "_compute.formats"),
 }
 
 
@@ -114,10 +121,46 @@ def _old_name(target: str) -> str:
     return target
 
 
+class _Split(importlib.abc.Loader):
+    """Loads an old path whose names now live in several modules: a module that looks each name up in them."""
+
+    def __init__(self, old: str, targets: tuple[str, ...]) -> None:
+        self.old = old
+        self.targets = targets
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return None  # the default module; exec_module fills it
+
+    def exec_module(self, module: ModuleType) -> None:
+        homes = [importlib.import_module(t) for t in self.targets]
+        old = self.old
+
+        def __getattr__(name: str) -> object:
+            for home in homes:
+                try:
+                    return getattr(home, name)
+                except AttributeError:
+                    continue
+            raise AttributeError(f"module {old!r} has no attribute {name!r} (its names moved to {', '.join(self.targets)})")
+
+        module.__getattr__ = __getattr__
+        module.__dir__ = lambda: sorted({n for home in homes for n in dir(home)})
+        module.__all__ = [n for home in homes for n in getattr(home, "__all__", ())]
+        warnings.warn(
+            f"{old} moved to {', '.join(self.targets[:-1])} and {self.targets[-1]}; "
+            "it is internal and may change: import the public API from tierstore (docs/architecture.md)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+
+
 class MovedFinder(importlib.abc.MetaPathFinder):
-    """Finds ``tierstore.<old>`` for every module in :data:`MOVED` (installed by ``tierstore/__init__``)."""
+    """Finds ``tierstore.<old>`` for every module in :data:`MOVED` and :data:`SPLIT` (installed by ``tierstore/__init__``)."""
 
     def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001 - the MetaPathFinder protocol
+        split = SPLIT.get(fullname.removeprefix("tierstore.")) if fullname.startswith("tierstore.") else None
+        if split is not None:
+            return importlib.machinery.ModuleSpec(fullname, _Split(fullname, tuple(f"tierstore.{t}" for t in split)))
         new = new_path(fullname)
         if new is None:
             return None

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._compute.codecs import moment_format
+from ._compute.formats import moment_format
 from ._compute.hyper import GroupHyper, check_hyper, scalar_betas
 from ._config.knobs import Knobs, check_int
 from ._layout.budget import TierPlan

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from .._platform import torch_private
-from . import codecs, native
+from . import codecs, formats, native
 from .hyper import GroupHyper
 from .kernel import adamw
 
@@ -212,17 +212,17 @@ class Piece:
 
 
 @functools.cache
-def _table_addresses(fmt: codecs.MomentFormat, field: str) -> tuple[int, int]:
+def _table_addresses(fmt: formats.MomentFormat, field: str) -> tuple[int, int]:
     """Addresses of ``field``'s int8 tables (built once per process and kept: the addresses hold)."""
-    nearest, values = codecs.kernel_tables(fmt, field)
+    nearest, values = formats.kernel_tables(fmt, field)
     return nearest.data_ptr(), values.data_ptr()
 
 
-def fields(fmt: codecs.MomentFormat, stored: Sequence[tuple[Tensor, Tensor | None]], lo: int) -> bytes:
+def fields(fmt: formats.MomentFormat, stored: Sequence[tuple[Tensor, Tensor | None]], lo: int) -> bytes:
     """The packed fields of a chunk starting at element ``lo``: ``stored`` holds (codes, scales)
     of exp_avg, exp_avg_sq and optionally max_exp_avg_sq, over the whole shard."""
     out = []
-    for field, (codes, scales) in zip(codecs.FIELDS, stored):
+    for field, (codes, scales) in zip(formats.FIELDS, stored):
         if scales is None:
             out.append(FIELD.pack(codes.data_ptr() + lo * codes.element_size(), 0, 0, 0))
         else:
@@ -231,14 +231,14 @@ def fields(fmt: codecs.MomentFormat, stored: Sequence[tuple[Tensor, Tensor | Non
     return b"".join(out)
 
 
-def block_numel(fmt: codecs.MomentFormat) -> int:
+def block_numel(fmt: formats.MomentFormat) -> int:
     """Elements the kernel decodes, updates and encodes at a time in ``fmt``."""
     return fmt.block_numel or TILE_NUMEL
 
 
 def update_chunk(
     k: Fused,
-    fmt: codecs.MomentFormat,
+    fmt: formats.MomentFormat,
     stored: Sequence[tuple[Tensor, Tensor | None]],
     lo: int,
     hi: int,
@@ -250,16 +250,16 @@ def update_chunk(
                  len(pieces))  # fmt: skip
 
 
-def applies(fmt: codecs.MomentFormat) -> bool:
+def applies(fmt: formats.MomentFormat) -> bool:
     """Whether the kernel implements ``fmt`` (the registered compressed formats, rounding to nearest)."""
     return fmt.name in FORMAT_CODES and fmt.rounding == "nearest" and block_numel(fmt) <= native.MAX_BLOCK
 
 
-def _format_name(fmt: codecs.MomentFormat | str) -> str:
+def _format_name(fmt: formats.MomentFormat | str) -> str:
     return fmt if isinstance(fmt, str) else fmt.name
 
 
-def kernel(fmt: codecs.MomentFormat | str | None = None) -> Fused | None:
+def kernel(fmt: formats.MomentFormat | str | None = None) -> Fused | None:
     """The compiled fused update for ``fmt`` where it matches the torch path bit for bit, else None.
 
     ``fmt=None``: the kernel only where every format the kernel implements
@@ -287,7 +287,7 @@ def _decide(lib: native.Kernel) -> None:
     capability = torch_private.cpu_capability()
     best: tuple[Recipe | None, dict[str, str]] | None = None
     for recipe in candidates(capability):
-        verdicts = {n: _self_check(lib, recipe, codecs.FORMATS[n]) or "" for n in FORMAT_CODES}
+        verdicts = {n: _self_check(lib, recipe, formats.FORMATS[n]) or "" for n in FORMAT_CODES}
         # The first candidate (the capability's own) keeps its reasons unless another passes more.
         if best is None or sum(not v for v in verdicts.values()) > sum(not v for v in best[1].values()):
             best = (recipe, verdicts)
@@ -305,7 +305,7 @@ def _decide(lib: native.Kernel) -> None:
     _STATE.update({"for": lib, "recipe": recipe, "formats": verdicts})
 
 
-def status(fmt: codecs.MomentFormat | str | None = None, *, decide: bool = True) -> str:
+def status(fmt: formats.MomentFormat | str | None = None, *, decide: bool = True) -> str:
     """How compressed updates run: ``"fused kernel"``, ``"torch path (<why>)"``, or ``"undecided"``.
 
     ``fmt=None`` speaks for every format (``"fused kernel"`` only where all
@@ -352,7 +352,7 @@ def _case_pieces(vec: int, variants: int) -> list[tuple[int, int]]:
 def _reference(fmt, stored, n, pieces, hypers, steps, grads, targets) -> None:  # noqa: ANN001
     """decode -> torch._fused_adamw_ per piece -> encode: the torch path of one chunk."""
     moments = []
-    for field, (codes, scales) in zip(codecs.FIELDS, stored):
+    for field, (codes, scales) in zip(formats.FIELDS, stored):
         out = torch.empty(n)
         codecs.decode_chunk(fmt, field, codes, scales, out)
         moments.append(out)
@@ -360,11 +360,11 @@ def _reference(fmt, stored, n, pieces, hypers, steps, grads, targets) -> None:  
         s = slice(start, start + numel)
         maxs = [moments[2][s]] if hyper.amsgrad else []
         adamw([t], [g], [moments[0][s]], [moments[1][s]], maxs, [step], **hyper.kernel_kwargs())
-    for field, (codes, scales), m in zip(codecs.FIELDS, stored, moments):
+    for field, (codes, scales), m in zip(formats.FIELDS, stored, moments):
         codecs.encode_chunk(fmt, field, m, codes, scales, temp=m)
 
 
-def _self_check(lib: native.Kernel, recipe: Recipe, fmt: codecs.MomentFormat) -> str | None:
+def _self_check(lib: native.Kernel, recipe: Recipe, fmt: formats.MomentFormat) -> str | None:
     """Why the fused update of ``fmt`` with ``recipe`` differs from the torch path (None when it does not)."""
     k = Fused(lib, recipe)
     vec = max(16, recipe.vec)  # every tail length of every width torch's builds use
@@ -379,8 +379,8 @@ def _self_check(lib: native.Kernel, recipe: Recipe, fmt: codecs.MomentFormat) ->
     n = -(-(layout[-1][0] + layout[-1][1]) // 256) * 256
     for round_ in range(3):  # a first step from zeros, then later steps on what it left
         if round_ == 0:  # zero bytes: zero moments
-            stored_ref = [codecs.split(fmt, torch.zeros(fmt.encoded_nbytes(n), dtype=torch.uint8), n)
-                          for _ in codecs.FIELDS]  # fmt: skip
+            stored_ref = [formats.split(fmt, torch.zeros(fmt.encoded_nbytes(n), dtype=torch.uint8), n)
+                          for _ in formats.FIELDS]  # fmt: skip
             targets = torch.randn(n, generator=gen)
         hypers = [variants[_variant(i, len(variants))] for i in range(len(layout))]
         steps = [torch.tensor(float(1 + round_ * (7 + i))) for i in range(len(layout))]

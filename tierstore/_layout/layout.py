@@ -18,7 +18,7 @@ same blocks as the whole tensor, so the sharded update is bitwise equal to
 A shard's bytes are one extent: its fields (``master``, ``exp_avg``,
 ``exp_avg_sq``, ``max_exp_avg_sq`` as present) one after the other, each
 ``capacity`` elements long, in the state's **moment format**
-(:mod:`tierstore._compute.codecs`): the master is always fp32; the moments are fp32
+(:mod:`tierstore._compute.formats`): the master is always fp32; the moments are fp32
 (``"float32"``, the default), bfloat16 or blockwise int8, each field padded
 to whole 4 KiB pages (:meth:`Layout.field_nbytes`). The format is part of the
 layout's identity. With a compressed format a shard has two forms: its
@@ -63,8 +63,8 @@ from typing import Any
 
 import torch
 
-from .._compute import codecs
-from .._compute.codecs import DEFAULT_FORMAT, FORMATS, MomentFormat
+from .._compute import codecs, formats
+from .._compute.formats import DEFAULT_FORMAT, FORMATS, MomentFormat
 from ..errors import ConfigError
 
 PARAM_ALIGN = 64  # elements; a multiple of every CPU SIMD width for fp32 (AVX-512: 16)
@@ -108,7 +108,7 @@ def layout_format(moment_dtype: str | MomentFormat | None) -> MomentFormat:
     >>> layout_format("int8").block_numel
     256
     """
-    fmt = DEFAULT_FORMAT if moment_dtype is None else codecs.moment_format(moment_dtype)
+    fmt = DEFAULT_FORMAT if moment_dtype is None else formats.moment_format(moment_dtype)
     if FORMATS.get(fmt.name) != fmt:
         raise ConfigError(
             f"moment_dtype={fmt.name!r} is a codec variant, not a state format; use one of {sorted(FORMATS)}"

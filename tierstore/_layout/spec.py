@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .._compute.codecs import CHUNK_NUMEL, FIELD_ALIGN, MomentFormat
+from .._compute.codecs import CHUNK_NUMEL
+from .._compute.formats import FIELD_ALIGN, MomentFormat
 from .._platform.dtensor import local_tensor
 from ..errors import ConfigError
 from .layout import (
@@ -55,7 +56,7 @@ class StateSpec:
     staging_buffers: int
     arena_slots: int
     shard_numel: int
-    moment_format: MomentFormat  # how the moments are stored (codecs.FORMATS)
+    moment_format: MomentFormat  # how the moments are stored (formats.FORMATS)
     workers: int = 1  # the most threads a compressed update uses (sizes its decode scratch)
 
 

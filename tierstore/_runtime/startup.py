@@ -35,7 +35,7 @@ from typing import Any
 
 from torch import Tensor
 
-from .._compute.codecs import MomentFormat
+from .._compute.formats import MomentFormat
 from .._config.knobs import Knobs
 from .._layout.budget import TierPlan, plan_tiers
 from .._layout.layout import Layout, ShardSpec

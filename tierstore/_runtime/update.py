@@ -14,7 +14,7 @@ loaded state).
 
 One math for every moment format. In ``"float32"`` the kernel updates the
 shard's own bytes, exactly as ``torch.optim.AdamW(fused=True)`` would. In a
-compressed format (:mod:`tierstore._compute.codecs`) the parts of the shard that
+compressed format (:mod:`tierstore._compute.formats`) the parts of the shard that
 parameters with a gradient occupy are cut into cache-sized chunks; for each
 chunk a worker (:mod:`tierstore._platform.workers`) decodes the moments into its fp32
 scratch, runs the same fused kernel on the chunk's pieces, and encodes the
@@ -59,7 +59,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .._compute import codecs, fused_update
+from .._compute import codecs, formats, fused_update
 from .._compute.hyper import GroupHyper
 from .._compute.kernel import adamw
 from .._layout.layout import MOMENT_FIELDS, Layout, ShardSpec, round_up, update_chunk_numel
@@ -347,7 +347,7 @@ class ShardUpdate:
         """Decode -> fused kernel -> encode, chunk by chunk, on the workers (see the module docs)."""
         layout, fmt = self.layout, self.layout.format
         fields = [f for f in MOMENT_FIELDS if f in layout.fields]
-        stored = {f: codecs.split(fmt, layout.stored_field(extent, shard, f), shard.capacity) for f in fields}
+        stored = {f: formats.split(fmt, layout.stored_field(extent, shard, f), shard.capacity) for f in fields}
         chunk = update_chunk_numel(layout.max_capacity)
         chunks = active_chunks(work, block=layout.param_align, chunk=chunk, capacity=shard.capacity)
         fused = fused_update.kernel(fmt) if fused_update.applies(fmt) else None

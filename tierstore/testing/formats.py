@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._compute import codecs
+from .._compute import codecs, formats
 from .._compute.kernel import adamw
 
 __all__ = ["FormatOracle"]
@@ -49,7 +49,7 @@ class FormatOracle(torch.optim.Optimizer):
     params, lr, betas, eps, weight_decay, amsgrad, maximize
         As ``torch.optim.AdamW``.
     moment_dtype
-        A :mod:`tierstore._compute.codecs` format name.
+        A :mod:`tierstore._compute.formats` format name.
     kernel
         ``"fused"`` or ``"reference"`` (:func:`tierstore._compute.kernel.adamw`).
     codec
@@ -72,7 +72,7 @@ class FormatOracle(torch.optim.Optimizer):
     ) -> None:
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
         super().__init__(params, defaults)
-        self.format = codecs.moment_format(moment_dtype)
+        self.format = formats.moment_format(moment_dtype)
         self.kernel = kernel
         self.codec = codec
 

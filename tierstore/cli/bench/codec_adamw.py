@@ -31,7 +31,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-from ..._compute import codecs
+from ..._compute import codecs, formats
 from ..._compute.kernel import adamw
 from ..._layout.layout import Layout
 
@@ -46,7 +46,7 @@ class CodecAdamW(torch.optim.Optimizer):
     params
         fp32 CPU parameters (one group).
     moment_dtype
-        A :mod:`tierstore._compute.codecs` format name or :class:`~tierstore._compute.codecs.MomentFormat`.
+        A :mod:`tierstore._compute.formats` format name or :class:`~tierstore._compute.formats.MomentFormat`.
     shard_numel
         Elements per shard of the flat space (as ``TieredAdamW``).
     seed
@@ -61,14 +61,14 @@ class CodecAdamW(torch.optim.Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
         *,
-        moment_dtype: str | codecs.MomentFormat = "float32",
+        moment_dtype: str | formats.MomentFormat = "float32",
         shard_numel: int = 1 << 20,
         seed: int = 0,
     ) -> None:
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         if len(self.param_groups) != 1:
             raise ValueError("CodecAdamW takes one param group")
-        self.format = codecs.moment_format(moment_dtype)
+        self.format = formats.moment_format(moment_dtype)
         self.seed = seed
         group = self.param_groups[0]["params"]
         # The layout TieredAdamW builds for this format (int8 blocks start at parameters).
@@ -110,7 +110,7 @@ class CodecAdamW(torch.optim.Optimizer):
                 lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
                 eps=group["eps"], amsgrad=False, maximize=False,
             )
-            key = codecs.RoundingKey(seed=self.seed, step=int(self.step_count), offset=shard.start)
+            key = formats.RoundingKey(seed=self.seed, step=int(self.step_count), offset=shard.start)
             for f in FIELDS:
                 codecs.encode(self.format, f, scratch[f], self.encoded[shard.index, f], key=key)
         return None

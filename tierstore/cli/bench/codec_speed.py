@@ -44,16 +44,17 @@ from typing import Any
 import torch
 
 from ..._compute import codecs, native
+from ..._compute.formats import FORMATS, MomentFormat, RoundingKey, moment_format
 from ..._compute.kernel import adamw
 
 FIELDS = ("exp_avg", "exp_avg_sq")
 DRIVE_GBPS = (0.5, 1.0, 2.0)
 
 
-def _format(name: str) -> codecs.MomentFormat:
+def _format(name: str) -> MomentFormat:
     """A format name, or ``<name>-<rounding>`` for a rounding variant; ``@torch`` (int8): torch ops only."""
     base, _, rounding = name.partition("@")[0].partition("-")
-    fmt = codecs.moment_format(base)
+    fmt = moment_format(base)
     return dataclasses.replace(fmt, name=name, rounding=rounding) if rounding else fmt
 
 
@@ -77,7 +78,7 @@ def measure(
         ),
     }
     encoded: dict[tuple[str, str], torch.Tensor] = {}
-    key = codecs.RoundingKey(seed=0, step=1, offset=0)
+    key = RoundingKey(seed=0, step=1, offset=0)
     for name in formats:
         fmt = _format(name)
         impl = "torch" if name.endswith("@torch") else "fast"
@@ -98,7 +99,7 @@ def measure(
 
         for name in formats:
             base, _, impl = name.partition("@")
-            if codecs.FORMATS.get(base) is None:
+            if FORMATS.get(base) is None:
                 continue  # a codec variant is not a state format
             p = torch.nn.Parameter(param.clone())
             p.grad = grad

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ..._compute import codecs
+from ..._compute import formats
 from ...errors import ConfigError
 from ..demo.model import BatchStream, ModelConfig, TinyGPT, load_corpus
 from .codec_adamw import CodecAdamW
@@ -85,10 +85,10 @@ class _LossWrapper(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def our_format(name: str) -> codecs.MomentFormat:
+def our_format(name: str) -> formats.MomentFormat:
     """``ours-<format>[-<rounding>][-raw]`` as a format record (``-raw``: int8 second moment without sqrt)."""
     parts = name.removeprefix("ours-").split("-")
-    fmt = codecs.moment_format(parts[0])
+    fmt = formats.moment_format(parts[0])
     for part in parts[1:]:
         if part in ("nearest", "stochastic"):
             fmt = dataclasses.replace(fmt, name=f"{fmt.name}-{part}", rounding=part)
@@ -118,7 +118,7 @@ def make_optimizer(
         fmt = our_format(name)
         from ...optimizer import TieredAdamW
 
-        if codecs.FORMATS.get(fmt.name) == fmt:  # a state format: the real optimizer (all state in RAM)
+        if formats.FORMATS.get(fmt.name) == fmt:  # a state format: the real optimizer (all state in RAM)
             opt = TieredAdamW(params, lr=lr, weight_decay=weight_decay, moment_dtype=fmt.name)
             return opt, f"TieredAdamW(moment_dtype={fmt.name!r})", None
         # A codec variant (stochastic rounding, raw second moment): the stand-in doing the same math.
