@@ -23,7 +23,7 @@ import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tierstore.checkpoint as ckmod
+import tierstore.checkpoint._writer as ckwriter
 from tierstore import (
     ConfigError,
     CorruptStateError,
@@ -34,6 +34,7 @@ from tierstore import (
     TieredAdamW,
 )
 from tierstore._layout.layout import Layout
+from tierstore._storage.chunkfile import ChunkFiles
 from tierstore.checkpoint import (
     CheckpointExistsError,
     checkpoint_to_state_dict,
@@ -467,7 +468,7 @@ def test_chunk_files_are_what_zarr_writes_and_reads(tmp_path: Path, monkeypatch:
     model = Model(dtype=torch.bfloat16)  # 3 fields; 10_523 elements: the edge chunk is partly padding
     ours = _saved(tmp_path / "ours", model, checksum=checksum)
     with monkeypatch.context() as m:
-        m.setattr(ckmod.ChunkFiles, "of", classmethod(lambda cls, directory, array: None))
+        m.setattr(ChunkFiles, "of", classmethod(lambda cls, directory, array: None))
         theirs = _saved(tmp_path / "zarr", model, checksum=checksum)  # as tierstore wrote them before
         through_zarr = checkpoint_to_state_dict(ours)
     assert _chunk_bytes(ours) == _chunk_bytes(theirs) and len(_chunk_bytes(ours)) == 3 * 4  # 3 fields x 4 chunks
@@ -529,7 +530,7 @@ def test_overwrite_rules(tmp_path: Path) -> None:
 def test_failed_save_leaves_nothing_and_the_optimizer_usable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _saved(tmp_path)
     before = (path / "zarr.json").read_bytes()
-    real = ckmod._Writer.write
+    real = ckwriter.CheckpointWriter.write
     calls = []
 
     def failing(self, shard, field, data):
@@ -538,7 +539,7 @@ def test_failed_save_leaves_nothing_and_the_optimizer_usable(tmp_path: Path, mon
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(self, shard, field, data)
 
-    monkeypatch.setattr(ckmod._Writer, "write", failing)
+    monkeypatch.setattr(ckwriter.CheckpointWriter, "write", failing)
     params, frozen = Model().params(seed=0)
     with TieredAdamW(Model().groups(params, frozen), state_dir=tmp_path / "s", ram_budget="200KiB", shard_numel=4096) as opt:
         with pytest.raises(OSError, match="No space"):
@@ -553,7 +554,7 @@ def test_disk_full_is_disk_full_error(tmp_path: Path, monkeypatch: pytest.Monkey
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckmod, "_write_chunk_file", full)  # where chunk files are written (not through zarr)
+    monkeypatch.setattr(ckwriter, "_write_chunk_file", full)  # where chunk files are written (not through zarr)
     params, frozen = Model().params(seed=0)
     with TieredAdamW(Model().groups(params, frozen)) as opt, pytest.raises(DiskFullError, match="free space"):
         opt.save_checkpoint(tmp_path / "ckpt.zarr")

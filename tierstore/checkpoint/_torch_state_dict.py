@@ -1,0 +1,266 @@
+"""Conversions between checkpoints or state directories and ``torch.optim.AdamW`` state dicts (states that fit in RAM).
+
+A state dict holds every moment as a full CPU tensor, so these are for
+models whose state fits in RAM; larger states stream
+(:mod:`tierstore.checkpoint._streaming`). A state dict given to
+:func:`state_dict_to_checkpoint` is checked entry by entry first: a missing
+moment is never written as zeros.
+
+Example
+-------
+>>> import tempfile, torch
+>>> w = torch.nn.Parameter(torch.zeros(3)); w.grad = torch.ones(3)
+>>> ref = torch.optim.AdamW([w], lr=0.1); ref.step()
+>>> path = tempfile.mkdtemp() + "/ckpt.zarr"
+>>> state_dict_to_checkpoint(ref.state_dict(), path)
+>>> float(checkpoint_to_state_dict(path)["state"][0]["step"])
+1.0
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from .._compute.hyper import check_hyper
+from .._layout.layout import DEFAULT_SHARD_NUMEL, MASTER_KEY, STATE_KEY_OF_FIELD, Layout, fields_for
+from .._layout.torch_format import empty_state_dict, flat_sources, positions
+from .._state import manifest as manifest_mod
+from ..errors import ConfigError
+from ._reader import CheckpointReader
+from ._state_dir import check_manifest_header, open_state_reader, require_clean
+from ._validate import MAX_STEP
+from ._writer import CheckpointWriter
+from ._zarr_format import CheckpointHeader
+
+__all__ = ["checkpoint_to_state_dict", "statedir_to_state_dict", "state_dict_to_checkpoint"]
+
+def checkpoint_to_state_dict(path: str | os.PathLike) -> dict[str, Any]:
+    """A checkpoint as a ``torch.optim.AdamW`` state dict (every moment as a full CPU tensor).
+
+    Parameters that never took a step have no entry in ``state``, as in
+    torch. ``master_param`` is included where the checkpoint has master
+    weights; ``torch.optim.AdamW`` ignores it, ``TieredAdamW`` loads it.
+
+    Raises
+    ------
+    CorruptStateError, FormatVersionError
+        As :func:`load_checkpoint`.
+
+    Example
+    -------
+    >>> import tempfile, torch
+    >>> from tierstore import TieredAdamW
+    >>> from tierstore.checkpoint import save_checkpoint
+    >>> w = torch.nn.Parameter(torch.zeros(3)); w.grad = torch.ones(3)
+    >>> path = tempfile.mkdtemp() + "/ckpt.zarr"
+    >>> with TieredAdamW([w], lr=0.1) as opt:
+    ...     _ = opt.step(); save_checkpoint(opt, path)
+    >>> ref = torch.optim.AdamW([w], lr=0.1)
+    >>> ref.load_state_dict(checkpoint_to_state_dict(path)); ref.state[w]["exp_avg"].tolist()
+    [0.10000000149011612, 0.10000000149011612, 0.10000000149011612]
+    """
+    ck = CheckpointReader(path)
+    layout = ck.layout
+    result, flats = empty_state_dict(layout, ck.param_steps, ck.param_groups, has_master=ck.has_master)
+    scratch = torch.empty(len(layout.fields) * layout.shard_numel, dtype=torch.float32)
+    for index in layout.shards_of(flats):
+        shard = layout.shards[index]
+        flat = scratch[: len(layout.fields) * shard.capacity]
+        for field, values in layout.field_views(flat, shard).items():
+            ck.read_values(field, shard.start, values.numpy())
+        layout.copy_out(shard, flat, flats)
+    return result
+
+
+def statedir_to_state_dict(state_dir: str | os.PathLike) -> dict[str, Any]:
+    """A state directory's last commit as a ``torch.optim.AdamW`` state dict (no optimizer needed).
+
+    Raises
+    ------
+    CorruptStateError, FormatVersionError
+        As :func:`export_statedir`.
+
+    Example
+    -------
+    >>> import tempfile, torch
+    >>> from tierstore import TieredAdamW
+    >>> d = tempfile.mkdtemp(); w = torch.nn.Parameter(torch.zeros(3)); w.grad = torch.ones(3)
+    >>> with TieredAdamW([w], state_dir=d) as opt:
+    ...     _ = opt.step()
+    >>> sorted(statedir_to_state_dict(d)["state"][0])
+    ['exp_avg', 'exp_avg_sq', 'step']
+    """
+    with open_state_reader(state_dir) as reader:
+        require_clean(reader)
+        layout = reader.layout
+        _, param_steps, param_groups = check_manifest_header(reader)
+        result, flats = empty_state_dict(layout, param_steps, param_groups)
+        for index in layout.shards_of(flats):
+            layout.copy_out(layout.shards[index], reader.read_shard(index), flats)
+    return result
+
+
+def state_dict_to_checkpoint(
+    state_dict: dict[str, Any],
+    path: str | os.PathLike,
+    *,
+    shard_numel: int = DEFAULT_SHARD_NUMEL,
+    params: Iterable[torch.Tensor] | None = None,
+    overwrite: bool = False,
+    checksum: str | None = "xxh3",
+) -> None:
+    """Write a ``torch.optim.AdamW`` (or ``TieredAdamW``) state dict as a zarr checkpoint.
+
+    A parameter with state (``exp_avg``...) is trainable with the state's
+    shape. Without ``params``, a parameter with no state is recorded as
+    frozen with an unknown shape: loading then works only into an optimizer
+    where that parameter is frozen too. Pass ``params`` (the model's
+    parameters, in the state dict's order) to record every shape and which
+    are trainable; trainable parameters without state get zeros and no step,
+    as after construction.
+
+    Parameters
+    ----------
+    state_dict
+        ``optimizer.state_dict()`` of ``torch.optim.AdamW``.
+    path, overwrite, checksum
+        As :func:`save_checkpoint`.
+    shard_numel
+        Elements per chunk (rounded up to a multiple of 1024).
+    params
+        Optional: the parameters the state dict belongs to.
+
+    Raises
+    ------
+    ConfigError
+        If the state dict is malformed or does not match ``params``.
+    CheckpointExistsError
+        As :func:`save_checkpoint`.
+
+    Example
+    -------
+    >>> import tempfile, torch
+    >>> w = torch.nn.Parameter(torch.zeros(3)); w.grad = torch.ones(3)
+    >>> ref = torch.optim.AdamW([w], lr=0.1); ref.step()
+    >>> path = tempfile.mkdtemp() + "/ckpt.zarr"
+    >>> state_dict_to_checkpoint(ref.state_dict(), path, shard_numel=1024)
+    >>> checkpoint_to_state_dict(path)["state"][0]["exp_avg"].tolist()
+    [0.10000000149011612, 0.10000000149011612, 0.10000000149011612]
+    """
+    groups, position = positions(state_dict)
+    n = len(position)
+    given = None if params is None else list(params)
+    if given is not None and len(given) != n:
+        raise ConfigError(f"params has {len(given)} tensors but the state dict's param groups list {n}; pass them all, in order")
+    entries: list[dict[str, Any]] = [{} for _ in range(n)]
+    for pid, entry in state_dict["state"].items():
+        entries[position[pid]] = entry
+    amsgrad_of = [bool(g.get("amsgrad", False)) for ids, g in zip(groups, state_dict["param_groups"]) for _ in ids]
+    for i, entry in enumerate(entries):
+        _check_torch_entry(i, entry, amsgrad=amsgrad_of[i])
+    for gi, group in enumerate(state_dict["param_groups"]):
+        # The reader refuses hyperparameters torch's AdamW refuses: so does the writer.
+        check_hyper(group.get("lr"), group.get("betas"), group.get("eps"), group.get("weight_decay"), f" in param group {gi}")
+    fields = fields_for(
+        amsgrad=any("max_exp_avg_sq" in e for e in entries), master=any(MASTER_KEY in e for e in entries)
+    )
+    stand_ins: list[list[torch.Tensor]] = []
+    known, steps, has_master = [], [], []
+    for ids in groups:
+        group_tensors = []
+        for pid in ids:
+            i = position[pid]
+            entry = entries[i]
+            if given is not None:
+                p = given[i]
+                stand_in = torch.empty(p.shape, dtype=p.dtype, device="meta").requires_grad_(bool(p.requires_grad) and p.is_floating_point())
+                if entry and entry["exp_avg"].numel() != p.numel():
+                    raise ConfigError(
+                        f"the exp_avg of parameter {i} has {entry['exp_avg'].numel()} elements, params[{i}] "
+                        f"has {p.numel()} (shape {tuple(p.shape)}); pass the parameters in the state dict's order"
+                    )
+                known.append(True)
+            elif entry:
+                ref = entry["exp_avg"]
+                stand_in = torch.empty(ref.shape, dtype=ref.dtype, device="meta").requires_grad_(True)
+                known.append(True)
+            else:
+                stand_in = torch.empty(0, device="meta")
+                known.append(False)
+            group_tensors.append(stand_in)
+            steps.append(float(entry["step"]) if entry and "step" in entry else None)
+            has_master.append(MASTER_KEY in entry)
+        stand_ins.append(group_tensors)
+    layout = Layout.build(stand_ins, shard_numel=shard_numel, fields=fields)
+    if given is not None:
+        for i, entry in enumerate(entries):
+            if entry and not layout.params[i].trainable:
+                raise ConfigError(f"parameter {i} has optimizer state but params[{i}] does not require grad")
+    sources = flat_sources({i: e for i, e in enumerate(entries) if e and layout.params[i].trainable}, layout)
+    header = CheckpointHeader(
+        layout=layout,
+        step_count=int(max((s for s in steps if s is not None), default=0)),
+        param_groups=manifest_mod.encode_groups(state_dict["param_groups"]),
+        param_steps=steps,
+        source="torch",
+        known_shapes=known,
+        has_master=has_master,
+    )
+    scratch = torch.empty(layout.shard_numel * len(fields), dtype=torch.float32)
+    with CheckpointWriter(path, header, overwrite=overwrite, checksum=checksum) as writer:
+        for shard in layout.shards:
+            flat = scratch[: shard.capacity * len(fields)]
+            layout.copy_in(shard, flat, sources)
+            for field, t in layout.field_views(flat, shard).items():
+                writer.write(shard, field, t)
+
+
+def _check_torch_entry(i: int, entry: Any, *, amsgrad: bool) -> None:
+    """Refuse a torch AdamW state entry that is not complete: a missing moment is never written as zeros.
+
+    As in torch, an entry has ``step``, ``exp_avg`` and ``exp_avg_sq``, and
+    ``max_exp_avg_sq`` when its group uses amsgrad (torch's AdamW fails at
+    its next step without it); every tensor has the same number of elements.
+
+    Raises
+    ------
+    ConfigError
+        Naming the parameter, the key and the fix.
+    """
+    if not isinstance(entry, dict):
+        raise ConfigError(f"the state of parameter {i} is {type(entry).__name__}, not a dict; pass optimizer.state_dict()")
+    if not entry:
+        return
+    required = ["step", "exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if amsgrad else [])
+    missing = [k for k in required if k not in entry]
+    if missing:
+        raise ConfigError(
+            f"the state of parameter {i} lacks {missing}"
+            + (" (its param group uses amsgrad)" if "max_exp_avg_sq" in missing else "")
+            + "; a missing tensor is never written as zeros. Pass the complete state dict of a torch.optim.AdamW"
+        )
+    step = entry["step"]
+    try:
+        value = float(step)
+    except (TypeError, ValueError, RuntimeError):
+        value = math.nan
+    if isinstance(step, bool) or not (math.isfinite(value) and 0 <= value <= MAX_STEP and value.is_integer()):
+        raise ConfigError(f"the step of parameter {i} is {step!r}; a step is a whole number >= 0 (as torch's AdamW counts)")
+    numel = None
+    for key in STATE_KEY_OF_FIELD.values():
+        if key not in entry:
+            continue
+        tensor = entry[key]
+        if not isinstance(tensor, torch.Tensor):
+            raise ConfigError(f"the {key} of parameter {i} is {type(tensor).__name__}, not a tensor; pass optimizer.state_dict()")
+        if numel is not None and tensor.numel() != numel:
+            raise ConfigError(
+                f"the {key} of parameter {i} has {tensor.numel()} elements, its exp_avg {numel}; every tensor of a "
+                "parameter's state has the parameter's size"
+            )
+        numel = tensor.numel() if numel is None else numel
