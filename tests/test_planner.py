@@ -60,7 +60,10 @@ def test_7b_fp32_cpu() -> None:
     assert plan.state_bytes_per_param == 8  # two fp32 moments, no master
     assert plan.state == P7_PADDED * 8
     assert plan.host.model == P7 * 4 + P7 * 4  # weights and grads live on the host
-    assert plan.host.budget == DEFAULT_BUDGET - P7 * 8
+    assert plan.host.budget_given == DEFAULT_BUDGET - P7 * 8  # the default: 90% of RAM minus the model
+    # ... is more than the state takes: the plan caps it there, and proposes keeping everything in RAM.
+    assert plan.host.budget == plan.host.all_resident == plan.state  # fp32 on the CPU: no staging, no scratch
+    assert plan.host.proposed_budget is None
     assert plan.host.staging == 0 and plan.host.arena == 0
     assert plan.host.resident == plan.state
     assert plan.gpu.used is False and plan.gpu.total == 0
@@ -82,9 +85,11 @@ def test_7b_bf16_gpu() -> None:
     assert (plan.gpu.weights, plan.gpu.grads, plan.gpu.total) == (P7 * 2, P7 * 2, P7 * 4)
     assert plan.gpu.fits is True
     assert plan.host.model == 0
-    assert plan.host.budget == DEFAULT_BUDGET
+    assert plan.host.budget_given == DEFAULT_BUDGET
     assert plan.shard_numel == 1 << 22
     assert plan.host.staging == 4 * (1 << 22) * 4  # 4 fp32 staging buffers with CUDA
+    assert plan.host.budget == plan.host.all_resident == plan.state + plan.host.staging  # capped at the whole state
+    assert plan.host.proposed_budget is None  # and it fits the host: TieredAdamW(ram_budget=None)
     assert plan.host.resident == plan.state and plan.verdict == "fits in host RAM"
     assert plan.traffic.pcie_down == plan.traffic.pcie_up == P7 * 2
     # mixed precision: 2 + 2 weights/grads + 8 moments + 4 master = 16 B/param
@@ -132,7 +137,10 @@ def test_70b_bf16(amsgrad: bool, durable: bool, bpp: int) -> None:
     assert plan.traffic.disk_read == on_disk
     if durable:
         assert plan.disk.total == 2 * state  # a second copy of every shard
-        assert plan.traffic.disk_write == on_disk + resident == state
+        manifest = 1024 + 192 * SHARDS70 + 128 * 1  # the manifest's estimate: per shard and per parameter tensor
+        assert (plan.traffic.resident_write, plan.traffic.manifest_write) == (resident, manifest)
+        # 'auto' is assumed to commit every step: each step writes the streamed and the resident shards
+        assert plan.traffic.disk_write == on_disk + resident + manifest == state + manifest
     else:
         assert plan.disk.total == on_disk
         assert plan.traffic.disk_write == on_disk
@@ -176,7 +184,7 @@ def test_7b_on_a_24_gib_host_without_a_gpu_does_not_fit_and_says_why(precision) 
     plan = plan_memory(P7, precision=precision, host_ram=GB24)
     pbytes = 2 if precision == "bf16" else 4
     assert plan.verdict == "does not fit" and not plan.fits and not plan.host.fits
-    assert plan.host.model == 2 * P7 * pbytes and plan.host.budget_given < 0  # the weights and grads alone exceed 90%
+    assert plan.host.model == 2 * P7 * pbytes and plan.host.budget_given == 0  # the weights and grads alone exceed 90%
     assert plan.host.budget == plan.host.min_budget == plan.host.ram_nbytes  # shown at the smallest budget that streams
     [short] = plan.shortfalls
     assert short.resource == "host RAM" and short.have == GB24
@@ -207,7 +215,14 @@ def test_every_shortfall_at_once() -> None:
 def test_ram_budget_above_host_ram_is_a_plan() -> None:
     plan = plan_memory(P7, host_ram=GB24, gpu=True, ram_budget=GiB * 100, shard_numel=1 << 22)
     assert plan.verdict == "does not fit" and [f.resource for f in plan.shortfalls] == ["host RAM"]
-    assert plan.host.budget == 100 * GiB and plan.host.resident == plan.state  # all resident at that budget
+    assert plan.host.resident == plan.state  # all resident at that budget
+    # 100 GiB is more than the whole state takes (78 GiB + staging): the arithmetic uses what it takes ...
+    assert plan.host.budget_given == 100 * GiB and plan.host.budget == plan.host.all_resident < 100 * GiB
+    assert plan.host.ram_nbytes == plan.host.budget == plan.state + plan.host.staging
+    assert any("more than the whole state takes" in note for note in plan.notes)
+    # ... and proposes it, in bytes: everything in RAM does not fit this host.
+    assert plan.host.proposed_budget == plan.host.budget
+    assert "give ram_budget at most" in plan.shortfalls[0].fix
 
 
 def test_step_time_and_endurance_by_hand() -> None:
@@ -223,11 +238,11 @@ def test_step_time_and_endurance_by_hand() -> None:
     assert plan.step_time.update == pytest.approx(10 * MiB / 50e9)
     assert plan.step_time.memory == pytest.approx(plan.state / 100e9)
     assert plan.step_time.lower_bound == max(plan.step_time.disk, plan.step_time.pcie, plan.step_time.update,
-                                             plan.step_time.memory)
+                                             plan.step_time.memory, plan.step_time.fixed)
     e = plan.endurance
     assert e.writes_per_1000_steps == 1000 * t.disk_write
     assert e.steps_to_exhaust == pytest.approx(600e12 / t.disk_write)
-    assert e.days_to_exhaust == pytest.approx(e.steps_to_exhaust * plan.step_time.lower_bound / 86400)
+    assert e.endurance_days == pytest.approx(e.steps_to_exhaust * plan.step_time.lower_bound / 86400)
 
 
 def test_unknown_bandwidth_leaves_the_term_out() -> None:
@@ -250,7 +265,9 @@ def test_invariants(numel, shard_log, budget_mib, precision, amsgrad, durable, g
     plan = plan_memory(numel, host_ram=64 * GiB, ram_budget=budget_mib * MiB, shard_numel=1 << shard_log,
                        precision=precision, amsgrad=amsgrad, durable=durable, gpu=gpu)
     assert (plan.verdict == "does not fit") == (budget_mib * MiB < plan.host.min_budget) == (not plan.fits)
-    assert plan.host.budget == max(budget_mib * MiB, plan.host.min_budget)
+    # at least the minimum that streams, at most what the whole state takes in RAM
+    assert plan.host.budget == min(max(budget_mib * MiB, plan.host.min_budget), plan.host.all_resident)
+    assert plan.host.all_resident == plan.state + plan.host.staging + plan.host.scratch
     bpp = 8 + 4 * amsgrad + 4 * (precision != "fp32" or gpu)
     assert plan.state_bytes_per_param == bpp
     assert plan.state >= numel * bpp and plan.state - numel * bpp < 1024 * bpp  # padding < one page
@@ -258,7 +275,8 @@ def test_invariants(numel, shard_log, budget_mib, precision, amsgrad, durable, g
     assert plan.host.tierstore_total == plan.host.ram_nbytes + OVERHEAD_BYTES
     assert plan.host.resident + plan.traffic.disk_read == plan.state
     assert plan.disk.total == (2 * plan.state if durable else plan.traffic.disk_read)
-    assert plan.traffic.disk_write == (plan.state if durable else plan.traffic.disk_read)
+    # 'auto' is assumed to commit every step: streamed + resident shards + the manifest
+    assert plan.traffic.disk_write == (plan.state + plan.traffic.manifest_write if durable else plan.traffic.disk_read)
     if plan.fits:
         assert (plan.verdict == "fits in host RAM") == (plan.traffic.disk_read == 0)
     assert plan.torch.total == numel * (16 + 4 * amsgrad)
@@ -281,7 +299,9 @@ def test_agrees_with_tieredadamw(tmp_path, dtype, budget, shard_numel, durable) 
                      durable=durable) as opt:
         ours = plan_memory(model, host_ram=64 * GiB, ram_budget=budget or 64 * GiB, shard_numel=shard_numel,
                            durable=durable)
-        assert ours.shard_numel == opt.layout.shard_numel
+        # The planner's automatic shard is never larger than the flat space: one shard, the same bytes.
+        assert ours.shard_numel == min(opt.layout.shard_numel, opt.layout.total_numel)
+        assert (ours.shards, ours.host.slot) == (len(opt.layout.shards), opt.layout.slot_nbytes)
         assert ours.fields == opt.layout.fields
         assert ours.state == opt.plan.state_nbytes
         assert ours.host.ram_nbytes == opt.ram_bytes

@@ -31,7 +31,8 @@ def resolve(spec: str, *, flag: str) -> Callable[..., Any]:
     Raises
     ------
     ConfigError
-        If the spec is malformed, the import fails, or the attribute is missing or not callable.
+        If the spec is malformed, names a path that is not a ``.py`` file,
+        the import fails, or the attribute is missing or not callable.
 
     Example
     -------
@@ -41,11 +42,20 @@ def resolve(spec: str, *, flag: str) -> Callable[..., Any]:
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"{flag} {spec!r} must be 'module:factory', e.g. 'mypkg.models:build'")
+    expected = "pass path/to/file.py:FACTORY (a Python file) or package.module:FACTORY (an importable module)"
     try:
-        if module_name.endswith(".py") or "/" in module_name:
+        if module_name.endswith(".py") or "/" in module_name or Path(module_name).exists():
             file = Path(module_name)
+            if file.is_dir():
+                raise ConfigError(f"{flag} {spec!r}: {module_name!r} is a directory, not a Python file; {expected}")
             if not file.is_file():
-                raise ConfigError(f"{flag} {spec!r}: no file {module_name!r}")
+                raise ConfigError(f"{flag} {spec!r}: no file {module_name!r} (from {Path.cwd()}); {expected}")
+            if file.suffix != ".py":
+                # A file of another kind would be run as Python (or fail as a module name): say what is expected.
+                raise ConfigError(
+                    f"{flag} {spec!r}: {module_name!r} is not a .py file; {expected}"
+                    + ("" if not file.with_suffix(".py").is_file() else f" (did you mean {file.with_suffix('.py')}?)")
+                )
             mod_spec = importlib.util.spec_from_file_location(f"_tierstore_user_{file.stem}", file)
             module = importlib.util.module_from_spec(mod_spec)
             mod_spec.loader.exec_module(module)

@@ -50,7 +50,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("tierstore.cli.demo.run", "train a small transformer with a tight ram_budget and compare with torch AdamW"),
     "bench io": ("tierstore.cli.bench.io", "read/write bandwidth of the drive behind --dir, per backend and setting"),
     "bench step": ("tierstore.cli.bench.step", "time per optimizer step in RAM and on disk against torch AdamW"),
-    "plan": ("tierstore.planner", "memory and I/O arithmetic for a model before training it"),
+    "plan": ("tierstore.cli.plan", "memory, I/O and drive-wear arithmetic for a model before training it"),
     "inspect": ("tierstore.cli.inspection", "show the committed step, layout, tiers and hyperparameters of a state directory"),
     "verify": ("tierstore.cli.inspection", "check every checksum of a state directory (non-zero exit on corruption)"),
     "export": ("tierstore.cli.inspection", "stream a state directory into a zarr v3 checkpoint"),
@@ -155,10 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit
         return 141
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:  # a path given is not there
-        return _fail(exc, EXIT_USAGE)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError) as exc:  # a path given
+        return _fail_path(exc, EXIT_USAGE)
     except OSError as exc:  # the environment: permissions, a full or failing drive
-        return _fail(exc, EXIT_FAILED)
+        return _fail_path(exc, EXIT_FAILED)
     except Exception as exc:
         if args.verbose >= 2:
             raise
@@ -176,5 +176,32 @@ def _one_line(exc: BaseException) -> str:
 
 def _fail(exc: BaseException, code: int) -> int:
     print(f"tierstore: error: {_one_line(exc)}", file=sys.stderr)
+    return code
+
+
+#: What to do about an OS error on a path the user gave (the commands check their paths first; this is the net).
+_PATH_ADVICE = {
+    FileNotFoundError: "does not exist; check the path",
+    NotADirectoryError: "a part of this path is a file, not a directory; pass a path whose folders are directories",
+    IsADirectoryError: "is a directory where a file is needed; pass a file path",
+    FileExistsError: "already exists; choose another path, remove it, or pass --overwrite where the command has it",
+    PermissionError: "permission denied; pass a path you may read and write",
+}
+
+
+def _path_message(exc: OSError) -> str:
+    """An OS error as one line that names the path and what to do, instead of ``[Errno 17] File exists: 'x'``.
+
+    >>> _path_message(FileExistsError(17, "File exists", "out.json"))
+    "'out.json' already exists; choose another path, remove it, or pass --overwrite where the command has it"
+    """
+    advice = next((text for kind, text in _PATH_ADVICE.items() if isinstance(exc, kind)), None)
+    if exc.filename is None or advice is None:
+        return _one_line(exc)
+    return f"{str(exc.filename)!r} {advice}"
+
+
+def _fail_path(exc: OSError, code: int) -> int:
+    print(f"tierstore: error: {_path_message(exc)}", file=sys.stderr)
     return code
 

@@ -1,0 +1,207 @@
+"""What a plan holds: the records :func:`~tierstore.planner.plan_memory` returns (no arithmetic here).
+
+Byte counts are ints, times are seconds, bandwidths GB/s (10^9 B/s) and drive
+endurance TB (10^12 B) written. :meth:`MemoryPlan.to_dict` is the ``tierstore
+plan --json`` form.
+
+Example
+-------
+>>> short = Shortfall("host RAM", need=32 << 30, have=24 << 30, fix="add 8 GiB of RAM")
+>>> short.resource, short.need - short.have
+('host RAM', 8589934592)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+__all__ = [
+    "Bandwidth",
+    "GpuTier",
+    "HostTier",
+    "DiskTier",
+    "Shortfall",
+    "Traffic",
+    "StepTime",
+    "Endurance",
+    "TorchBaseline",
+    "MemoryPlan",
+    "VERDICTS",
+    "FITS_IN_RAM",
+    "NEEDS_DISK",
+    "DOES_NOT_FIT",
+    "EXIT_DOES_NOT_FIT",
+    "DEFAULT_UPDATE_GPARAMS",
+    "DEFAULT_LIFETIME_MONTHS",
+    "GB",
+    "TB",
+]
+
+FITS_IN_RAM, NEEDS_DISK, DOES_NOT_FIT = "fits in host RAM", "needs the disk tier", "does not fit"
+VERDICTS = (FITS_IN_RAM, NEEDS_DISK, DOES_NOT_FIT)
+EXIT_DOES_NOT_FIT = 3  # `tierstore plan --fail-if-not-fit` when the verdict is "does not fit"
+DEFAULT_UPDATE_GPARAMS = 1.0  # fused CPU AdamW, order of magnitude on a server socket
+DEFAULT_LIFETIME_MONTHS = 36.0  # how long a drive should last: a typical warranty
+GB = 10**9  # bandwidths use decimal units
+TB = 10**12  # so does drive endurance (TBW)
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """Measured or assumed speeds (GB/s = 1e9 bytes/s); ``None``: unknown."""
+
+    read_gbps: float | None = None
+    write_gbps: float | None = None
+    pcie_gbps: float | None = None
+    memory_gbps: float | None = None  # host memory copy: bytes copied per second
+    update_gparams: float = DEFAULT_UPDATE_GPARAMS
+
+
+@dataclass(frozen=True)
+class GpuTier:
+    used: bool
+    memory: int | None
+    weights: int
+    grads: int
+    total: int
+    fits: bool | None
+
+
+@dataclass(frozen=True)
+class HostTier:
+    ram: int
+    budget: int  # the ram_budget the arithmetic uses: at least min_budget, at most all_resident
+    budget_is_default: bool
+    budget_given: int  # what was asked (a share resolved to bytes), or the default (90% of RAM minus the model, >= 0)
+    min_budget: int  # arena + staging: the smallest ram_budget that streams
+    all_resident: int  # state + staging + decode scratch: the ram_budget that keeps every shard in RAM
+    proposed_budget: int | None  # the ram_budget to give TieredAdamW; None: keep everything in RAM (it fits)
+    arena_slots: int
+    slot: int
+    arena: int
+    staging_buffers: int
+    staging: int
+    resident: int
+    resident_shards: int
+    ram_nbytes: int  # arena + staging + decode scratch + resident: what ram_budget bounds
+    overhead: int  # the fixed overhead beyond ram_budget (budget.OVERHEAD_BYTES)
+    grad_buckets: int  # part of the overhead: attach()'s pinned gradient buckets on a GPU
+    pinned: int  # page-locked for CUDA copies: the budget's buffers and the gradient buckets
+    tierstore_total: int  # ram_nbytes + overhead: the peak RSS growth tierstore promises
+    scratch: int  # a compressed moment format's fp32 decode scratch
+    model: int  # weights + grads of a model that trains on the CPU
+    total: int
+    fits: bool
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """One resource the plan lacks: what it needs, what there is, and what would make it fit."""
+
+    resource: str  # "GPU memory", "host RAM", "ram_budget", "drive space"
+    need: int
+    have: int
+    fix: str
+
+
+@dataclass(frozen=True)
+class DiskTier:
+    free: int | None
+    disk_shards: int
+    primary: int  # one copy: the on-disk shards, or every shard when durable
+    durability: int  # the second copy of every shard when durable
+    total: int
+    fits: bool | None
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes moved per step, and per commit under the commit policy."""
+
+    pcie_down: int
+    pcie_up: int
+    disk_read: int
+    disk_write: int  # per step, on average: streamed shards plus each commit's bytes over the steps between commits
+    streamed_write: int  # per step, on the step's critical path: every on-disk shard
+    commit_write: int  # per commit, in the background: resident_write + manifest_write (0: not durable)
+    resident_write: int  # per commit: the resident shards (each changed since its last write: it has a gradient)
+    manifest_write: int  # per commit: the manifest (an estimate from its measured size)
+    commit_every: str  # the commit policy as TieredAdamW's commit_every takes it ("'auto'", "100", "'5min'")
+    steps_per_commit: float | None  # steps between commits the arithmetic uses (None: not durable, no commits)
+    commit_assumption: str | None  # what the arithmetic assumes of the policy ("auto": every step)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    disk: float | None
+    pcie: float | None
+    update: float
+    memory: float | None
+    fixed: float  # a step's fixed cost, whatever the model's size (traffic.FIXED_STEP_SECONDS)
+    lower_bound: float
+    bound_by: str
+    formula: str
+
+
+@dataclass(frozen=True)
+class Endurance:
+    """Drive wear: the writes under the commit policy against the drive's rated endurance (TBW)."""
+
+    writes_per_step: int  # Traffic.disk_write
+    writes_per_1000_steps: int
+    drive_tbw: float | None
+    steps_to_exhaust: float | None  # steps until the rated TBW is written (None: TBW unknown, or no writes)
+    endurance_days: float | None  # those steps back to back at the step-time lower bound: the shortest life
+    lifetime_months: float  # how long the drive should last
+    lasts: bool | None  # the drive lasts lifetime_months (None: TBW unknown)
+    tbw_for_lifetime: float | None  # TB the lifetime writes at this rate (None: TBW unknown is fine too)
+    commit_every_for_lifetime: int | None  # the smallest commit_every (steps) that lasts lifetime_months
+    fix: str | None = None  # what makes it last, when it does not
+
+
+@dataclass(frozen=True)
+class TorchBaseline:
+    """Plain ``torch.optim.AdamW`` with everything on one device."""
+
+    where: str
+    weights: int
+    grads: int
+    optimizer: int
+    total: int
+    fits: bool | None
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Everything :func:`~tierstore.planner.plan_memory` computed; ``asdict`` gives the ``--json`` form."""
+
+    trainable_params: int
+    frozen_params: int
+    precision: str
+    param_bytes: int
+    amsgrad: bool
+    durable: bool
+    moment_dtype: str
+    fields: tuple[str, ...]
+    state_bytes_per_param: float
+    shard_numel: int
+    shards: int
+    prefetch_depth: int
+    state: int
+    gpu: GpuTier
+    host: HostTier
+    disk: DiskTier
+    traffic: Traffic
+    bandwidth: Bandwidth
+    step_time: StepTime
+    endurance: Endurance
+    torch: TorchBaseline
+    verdict: str  # one of VERDICTS: does it fit
+    fits: bool
+    wear: str = ""  # the verdict's second half: how long the drive lasts under the commit policy
+    shortfalls: tuple[Shortfall, ...] = field(default=())
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict:
+        """A JSON-able dict (all byte counts are ints, times in seconds)."""
+        return asdict(self)
