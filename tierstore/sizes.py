@@ -87,6 +87,8 @@ def parse_size(value: int | float | str, *, name: str = "size") -> int:
             f"{name}={value!r} has type {type(value).__name__}; give an int (bytes) or a string like '512MiB'"
         )
     match = _PATTERN.match(value)
+    if match is None and _PATTERN.match(value.strip().removeprefix("-")):
+        raise ConfigError(f"{name}={value!r} is not a size: it is negative; give a byte count >= 0 such as '512MiB'")
     if match is None:
         raise ConfigError(f"{name}={value!r} is not a size; write it like '512MiB', '2GB' or '1048576'")
     number, unit = match.groups()

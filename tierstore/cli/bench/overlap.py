@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...sizes import format_size
+from ...sizes import format_size, parse_budget
 from .report import format_table, machine_info, median, write_json
 
 
@@ -68,12 +68,8 @@ def _batch(args: argparse.Namespace, step: int) -> torch.Tensor:
 def _budget(text: str, params: int) -> int | None:
     if text == "none":
         return None
-    if "/" in text:
-        num, den = text.split("/")
-        return int(params * 8 * int(num) / int(den))  # fp32 moments: 8 bytes per parameter
-    from ...sizes import parse_size
-
-    return parse_size(text, name="--ram-budget")
+    # The API's parser and errors; a share is of the state: fp32 moments, 8 bytes per parameter.
+    return parse_budget(text, state_bytes=params * 8, name="--ram-budget")
 
 
 def _optimizer(model: nn.Module, args: argparse.Namespace, budget: int | None) -> Any:

@@ -53,7 +53,7 @@ from ..._config.knobs import Knobs
 from ..._layout.layout import layout_format
 from ...backends import resolve_backend, supports_direct_io
 from ...errors import ConfigError
-from ...sizes import format_size, parse_size
+from ...sizes import format_size, parse_budget, parse_size
 from . import resources, rss, workload
 from .floor import MODES, RawFloor
 from .peer import PipelinedSwapper
@@ -110,16 +110,8 @@ SKIPPABLE = ("ram", "torch", "disk", "peer", "floor", "footprint")
 
 
 def _parse_budget(text: str, state_nbytes: int) -> int:
-    if "/" in text:
-        num, _, den = text.partition("/")
-        try:
-            share = float(num) / float(den)
-        except (ValueError, ZeroDivisionError):
-            raise ConfigError(f"--ram-budget {text!r} is not a share like '1/8'") from None
-        if not 0 < share <= 1:
-            raise ConfigError(f"--ram-budget {text!r} must be a share in (0, 1], e.g. '1/8'")
-        return int(state_nbytes * share)
-    return parse_size(text, name="--ram-budget")
+    # The API's parser and errors (bytes, "8GiB", or a share: "1/8", "12.5%", 0.125), named after the flag.
+    return parse_budget(text, state_bytes=state_nbytes, name="--ram-budget")
 
 
 def _parse_floor(text: str) -> list[tuple[int, int]]:

@@ -30,6 +30,7 @@ import json
 import os
 import resource
 import shutil
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -39,6 +40,7 @@ from pathlib import Path
 import torch
 
 from ..._layout.layout import Layout
+from ...errors import ConfigError
 from ...optimizer import TieredAdamW
 from ...sizes import format_size, parse_size
 from .model import BatchStream, ModelConfig, TinyGPT, load_corpus
@@ -326,8 +328,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_state_parent(parent: Path) -> None:
+    """Refuse a ``--state-dir`` that cannot hold run directories, before anything is built.
+
+    The nearest part of ``parent`` that exists must be a directory (the rest
+    is created); a regular file there would otherwise end in ``File exists``.
+
+    Raises
+    ------
+    ConfigError
+        If ``parent`` or a folder above it is not a directory; names the path and the fix.
+
+    Example
+    -------
+    >>> import tempfile; f = Path(tempfile.mkdtemp()) / "notes.txt"; _ = f.write_text("x")
+    >>> _check_state_parent(f / "sub")
+    Traceback (most recent call last):
+    ...
+    tierstore.errors.ConfigError: --state-dir ...: .../notes.txt is a regular file, not a directory; ...
+    """
+    for above in (parent, *parent.parents):
+        try:
+            st = os.stat(above)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            kind = "a regular file" if stat.S_ISREG(st.st_mode) else "not a directory"
+            raise ConfigError(
+                f"--state-dir {str(parent)!r}: {above} is {kind}, not a directory; the demo makes a run-<time>-<pid> "
+                "directory inside --state-dir, so pass a directory (or a path to create), e.g. --state-dir "
+                f"{DEFAULT_STATE_DIR}"
+            )
+        return
+
+
 def _new_run_dir(parent: Path) -> tuple[Path, bool]:
     """A fresh ``run-<time>-<pid>`` directory in ``parent``; also says whether ``parent`` was made now."""
+    _check_state_parent(parent)
     made_parent = not parent.exists()
     parent.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -350,8 +387,9 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     budget = None if args.ram_budget is None else parse_size(args.ram_budget, name="--ram-budget")
-    torch.set_num_threads(args.threads)  # the comparison holds for any count: both runs share it
     parent = Path(args.state_dir).expanduser()
+    _check_state_parent(parent)  # before the slow part, so a bad path fails at once
+    torch.set_num_threads(args.threads)  # the comparison holds for any count: both runs share it
     run_dir, made_parent = _new_run_dir(parent)
     bar = tqdm(
         total=args.steps, unit="step", disable=args.json, file=sys.stderr, dynamic_ncols=True
