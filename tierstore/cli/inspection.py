@@ -98,6 +98,9 @@ def input_kind(path: str | os.PathLike, command: str) -> str:
         If ``path`` does not exist, is not a directory, or holds neither a
         ``manifest.json`` (a state directory) nor a ``zarr.json`` (a zarr
         checkpoint): a usage error (exit 2) that names the path.
+    CorruptStateError
+        If ``path`` holds shard files but no ``manifest.json``: damaged
+        input (exit 1); the message says what is missing and how to restore.
 
     Example
     -------
@@ -121,8 +124,18 @@ def input_kind(path: str | os.PathLike, command: str) -> str:
         raise ConfigError(f"{command}: {str(path)!r} is {kind}, not a directory; pass {wanted}{hint}")
     if os.path.lexists(path / "zarr.json"):
         return "checkpoint"
-    if any(os.path.lexists(path / name) for name in (MANIFEST, *STATE_FILES)):
-        return "state_dir"  # state files without a manifest: a damaged state directory, for the reader to report
+    if os.path.lexists(path / MANIFEST):
+        return "state_dir"
+    found = [name for name in STATE_FILES if os.path.lexists(path / name)]
+    if found:
+        # An optimizer writes the manifest when it is built (step 0), so shard files without one were
+        # copied without it or lost it: the shard files alone cannot be read (which copy is committed?).
+        raise CorruptStateError(
+            f"{command}: {str(path)!r} holds shard files ({', '.join(found)}) but {MANIFEST} is missing, the record of "
+            "the committed step and of which copy of each shard holds it, so the shards cannot be read; copy "
+            f"{MANIFEST} back from where the directory came from, or restore the state from a zarr checkpoint "
+            "(docs/troubleshooting.md, 'Corrupt state')"
+        )
     started = os.path.lexists(path / LOCK)
     raise ConfigError(
         f"{command}: {str(path)!r} holds neither {MANIFEST} (a state directory) nor zarr.json (a zarr checkpoint)"
@@ -377,10 +390,19 @@ def _verify_checkpoint(path: Path, no_progress: bool) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     path = Path(args.dir)
+    from .verify_trainer import (
+        verify_trainer_checkpoints,  # trainer checkpoint folders (tierstore/integrations)
+    )
+
+    if (trainer_code := verify_trainer_checkpoints(path)) is not None:
+        return trainer_code
     try:
         kind = input_kind(path, "verify")
     except ConfigError as exc:
         return _usage(str(exc))
+    except DAMAGED as exc:  # shard files without a manifest: reported as verify reports damage
+        print(f"error: {exc}")
+        return EXIT_CORRUPT
     if kind == "checkpoint":
         return _verify_checkpoint(path, args.no_progress)
     try:
@@ -456,7 +478,13 @@ def run_export(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _usage(str(exc))
     if kind == "checkpoint":
-        return _usage(f"{args.dir} is already a zarr checkpoint; export reads a state directory")
+        return _usage(
+            f"{args.dir} is already a zarr checkpoint; export reads a state directory (tierstore verify checks a "
+            "checkpoint, tierstore to-torch --from-zarr converts one)"
+        )
+    problem = _check_export_output(Path(args.dir), Path(args.out), args.overwrite)
+    if problem:
+        return _usage(problem)
     with open_state_reader(args.dir) as reader:
         total = reader.layout.state_nbytes
     checksum = None if args.checksum == "none" else args.checksum
@@ -476,18 +504,87 @@ def add_to_torch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it is a regular file")
 
 
-def _check_output(out: Path, overwrite: bool) -> str | None:
-    """Why ``out`` cannot be written (checked before the state is read), or ``None``."""
+def _kind_of(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "a regular file" if stat.S_ISREG(mode) else "a special file"
+
+
+def _parent_problem(out: Path) -> str | None:
+    """Why no file can be created at ``out`` (which does not exist), or ``None``: its directory must be one."""
+    parent = out.parent
+    if parent.is_dir():
+        return None
+    for above in (parent, *parent.parents):  # the nearest part of the path that exists says what is wrong
+        try:
+            st = os.stat(above)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            return (
+                f"cannot write {out}: {above} is {_kind_of(st.st_mode)}, not a directory; pass an OUT inside "
+                "an existing directory"
+            )
+        break
+    return f"the directory of {out} ({parent}) does not exist; create it (mkdir -p {parent}) or pass another OUT"
+
+
+def _check_output(out: Path, overwrite: bool, src: Path | None = None) -> str | None:
+    """Why ``to-torch`` cannot write the file ``out`` (checked before the state is read), or ``None``.
+
+    The advice names ``--overwrite`` only where it would work: it replaces a
+    regular file, never a directory or a special file.
+
+    >>> import tempfile; d = Path(tempfile.mkdtemp())
+    >>> _check_output(d, overwrite=False).endswith(f"pass a file path such as {d / 'state.pt'} or {d}.pt")
+    True
+    """
     try:
         st = os.lstat(out)
-    except FileNotFoundError:
-        if not out.parent.is_dir():
-            return f"the directory of {out} ({out.parent}) does not exist; create it or pass another OUT"
-        return None
-    if not overwrite:
-        return f"{out} exists; pass --overwrite to replace it"
+    except (FileNotFoundError, NotADirectoryError):
+        return _parent_problem(out)
+    if stat.S_ISDIR(st.st_mode):
+        if src is not None and os.path.lexists(src) and os.path.samefile(src, out):
+            return f"{out} is the directory being converted; pass the .pt file to write, such as {out}.pt"
+        return (
+            f"{out} is a directory; to-torch writes one .pt file and never replaces a directory (--overwrite "
+            f"replaces only a regular file): pass a file path such as {out / 'state.pt'} or {out}.pt"
+        )
     if not stat.S_ISREG(st.st_mode):
-        return f"{out} exists and is not a regular file, so --overwrite will not replace it; remove it yourself or pass another OUT"
+        return (
+            f"{out} exists and is {_kind_of(st.st_mode)}, not a regular file, so --overwrite will not replace it; "
+            "remove it yourself or pass another OUT"
+        )
+    if not overwrite:
+        return f"{out} exists; pass --overwrite to replace it, or choose another OUT"
+    return None
+
+
+def _check_export_output(src: Path, out: Path, overwrite: bool) -> str | None:
+    """Why ``export`` cannot write the checkpoint ``out`` (before the state is read), or ``None``.
+
+    ``--overwrite`` replaces only a tierstore checkpoint, so the advice names
+    it only for a directory that holds a ``zarr.json``; the library checks the
+    rest (that it is tierstore's) when it writes.
+    """
+    try:
+        st = os.lstat(out)
+    except (FileNotFoundError, NotADirectoryError):
+        return _parent_problem(out)
+    other = out.with_name(out.stem + "-2.zarr") if out.suffix == ".zarr" else out.with_name(out.name + ".zarr")
+    with_name = f"pass a new path for the checkpoint, such as {other}"
+    if stat.S_ISDIR(st.st_mode) and os.path.samefile(src, out):
+        return f"{out} is the state directory being exported; {with_name}"
+    if not stat.S_ISDIR(st.st_mode) or not os.path.lexists(out / "zarr.json"):
+        what = "a directory that is not a zarr checkpoint" if stat.S_ISDIR(st.st_mode) else _kind_of(st.st_mode)
+        return (
+            f"{out} exists and is {what}, so --overwrite will not replace it (it replaces only a tierstore "
+            f"checkpoint); remove it yourself or {with_name}"
+        )
+    if not overwrite:
+        return f"checkpoint {out} exists; pass --overwrite to replace it, or choose another OUT"
     return None
 
 
@@ -495,7 +592,7 @@ def run_to_torch(args: argparse.Namespace) -> int:
     import torch
 
     out = Path(args.out)
-    problem = _check_output(out, args.overwrite)
+    problem = _check_output(out, args.overwrite, Path(args.src))
     if problem:
         return _usage(problem)
     try:
