@@ -31,6 +31,7 @@ PRIVATE = re.compile(
     r"|\bthreading\._\w+|\bsys\._\w+"  # threading._register_atexit, sys._getframe
     r"|\._optimizer_\w+_hooks\b|\._per_optimizer_states\b|\bscaler\._scale\b"  # Optimizer, GradScaler internals
     r"|\._step_supports_amp_scaling\b|\._parameters\b|\._make_wrapper_subclass\b"
+    r"|\btorch\.backends\.cpu\.get_cpu_capability\b"  # public-looking, but undocumented: torch_private.cpu_capability
 )
 #: Files owned elsewhere that still call a private API directly, each with the wrapper to use.
 PENDING: dict[str, str] = {}  # module -> the wrapper it is waiting for (none now)

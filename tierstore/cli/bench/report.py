@@ -74,7 +74,7 @@ def machine_info(directory: Path | str | None = None) -> dict[str, Any]:
         "torch": torch.__version__,
         # The vector instruction set torch's CPU kernels dispatch to (AVX2, AVX512, ...): the fused
         # AdamW and the codecs run at very different speeds on different capabilities.
-        "cpu_capability": _cpu_capability(torch),
+        "cpu_capability": _cpu_capability(),
         "cpus": os.cpu_count(),
         "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "cpu_model": _cpu_model(),
@@ -114,11 +114,12 @@ def _under(path: str, mountpoint: str) -> bool:
         return False
 
 
-def _cpu_capability(torch: Any) -> str | None:
-    try:
-        return str(torch.backends.cpu.get_cpu_capability())
-    except Exception:  # an older torch without the query
-        return None
+def _cpu_capability() -> str | None:
+    from ..._platform.torch_private import cpu_capability
+
+    # torch_private checks the private query exists; "unknown" (an older torch) is reported as None.
+    capability = cpu_capability()
+    return None if capability == "unknown" else capability
 
 
 def _drive(device: str) -> dict[str, Any] | None:
