@@ -4,7 +4,7 @@ A budget is bytes (``1024``, ``"8GiB"``) or a share of the optimizer state's
 size (``"1/8"``, ``"12.5%"``, ``0.125``). ``TieredAdamW(ram_budget=)`` resolves a
 share against its state (here fp32 moments: 8 bytes per parameter), ``tierstore
 bench step --ram-budget`` against its estimate, ``bench/overlap.py --ram-budget``
-against its MLP's moments. The bench errors name the flag (``--ram-budget``)
+against its MLP's moments, ``tierstore demo --ram-budget`` against its model's. The bench errors name the flag (``--ram-budget``)
 instead of the argument (``ram_budget``); the rest of the message is the same.
 """
 
@@ -14,7 +14,10 @@ import pytest
 import torch
 
 from tierstore import TieredAdamW
+from tierstore.cli import main
 from tierstore.cli.bench import overlap, step
+from tierstore.cli.demo.model import ModelConfig, TinyGPT
+from tierstore.cli.demo.run import state_nbytes, train
 from tierstore.errors import BudgetError, ConfigError
 from tierstore.sizes import parse_budget
 
@@ -82,3 +85,20 @@ def test_a_share_that_divides_by_zero_is_a_config_error_in_the_overlap_bench() -
     with pytest.raises(ConfigError, match=r"--ram-budget='1/0' divides by zero; give a share in \(0, 1\]"):
         overlap._budget("1/0", NUMEL)
     assert overlap._budget("none", NUMEL) is None
+
+
+@pytest.mark.parametrize("value", ["1/8", "12.5%", 0.125, "0.125"])
+def test_the_demo_reads_a_share_of_its_model_state(value: object) -> None:
+    """``tierstore demo --ram-budget 0.125`` was read as 0 bytes and ``1/8`` refused: its own parser."""
+    config = ModelConfig(d_model=64, n_layer=1)
+    r = train(steps=1, state_dir=None, ram_budget=value, config=config, batch_size=2)
+    assert r.ram_budget == state_nbytes(TinyGPT(config)) // 8 > 0
+    assert r.losses == r.reference_losses
+
+
+@pytest.mark.parametrize("value", ["1/0", "-1", "150%", "abc"])
+def test_the_demo_refuses_a_bad_budget_as_the_api_does(value: str, capsys: pytest.CaptureFixture, tmp_path) -> None:
+    assert main(["demo", "--steps", "1", "--ram-budget", value, "--state-dir", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert _through_sizes(value).replace("ram_budget", "--ram-budget", 1) in err, err
+    assert not (tmp_path / "s").exists()  # refused before anything was made

@@ -121,7 +121,7 @@ _SHARE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?:/\s*([0-9]+(?:\.[0
 _SHARE_FIX = "give a share in (0, 1] of the state such as '1/8', '12.5%' or 0.125, or a size such as '512MiB'"
 
 
-def budget_request(value: int | float | str | None, *, name: str = "ram_budget") -> int | Fraction | None:
+def budget_request(value: int | float | str | Fraction | None, *, name: str = "ram_budget") -> int | Fraction | None:
     """Validate a RAM budget before the state's size is known: bytes, a share, or ``None``.
 
     Returns ``None`` (no budget: all state in RAM), an ``int`` of bytes, or a
@@ -152,6 +152,8 @@ def budget_request(value: int | float | str | None, *, name: str = "ram_budget")
         return None
     if isinstance(value, bool):
         raise ConfigError(f"{name}={value!r} is a bool; {_SHARE_FIX}")
+    if isinstance(value, Fraction):  # a share already read (this function's own result)
+        return _share(value, value, name)
     if isinstance(value, float):
         if not math.isfinite(value) or value < 0:
             raise ConfigError(f"{name}={value!r} is not a finite number >= 0; {_SHARE_FIX}")

@@ -42,7 +42,7 @@ import torch
 from ..._layout.layout import Layout
 from ...errors import ConfigError
 from ...optimizer import TieredAdamW
-from ...sizes import format_size, parse_size
+from ...sizes import budget_request, format_size, resolve_budget
 from .model import BatchStream, ModelConfig, TinyGPT, load_corpus
 
 DEFAULT_STEPS = 150
@@ -153,7 +153,7 @@ def train(
     *,
     steps: int,
     state_dir: str | os.PathLike | None,
-    ram_budget: int | None = None,
+    ram_budget: int | float | str | None = None,
     seed: int = 0,
     config: ModelConfig | None = None,
     batch_size: int = 16,
@@ -168,7 +168,9 @@ def train(
     state_dir
         Empty or new directory for the disk tier; ``None``: a private temporary one.
     ram_budget
-        Bytes of RAM for the tiered optimizer's state; ``None``: the state size / 8.
+        RAM for the tiered optimizer's state, in any form ``TieredAdamW`` takes
+        (bytes, ``"1MiB"``, or a share of the state: ``"1/8"``, ``"12.5%"``,
+        ``0.125``); ``None``: the state size / 8.
     seed
         Seeds the initial weights and the batches.
     config, batch_size
@@ -185,6 +187,8 @@ def train(
     ------
     BudgetError
         If ``ram_budget`` cannot hold the streaming arena.
+    ConfigError
+        If ``ram_budget`` is neither a size nor a share (``tierstore.sizes.budget_request``).
     StateExistsError
         If ``state_dir`` already holds tierstore state.
 
@@ -201,7 +205,8 @@ def train(
     model = TinyGPT(config)
     reference = copy.deepcopy(model)  # same initial bits, tied head included
     state = state_nbytes(model)
-    budget = state // BUDGET_FRACTION if ram_budget is None else ram_budget
+    # The API's one parser (tierstore.sizes): a share is of this model's state, as TieredAdamW reads it.
+    budget = state // BUDGET_FRACTION if ram_budget is None else resolve_budget(budget_request(ram_budget), state_bytes=state)
     batches = BatchStream(load_corpus(), context=config.context, batch_size=batch_size, seed=seed)
     params = list(model.parameters())
     ref_opt = reference_optimizer(list(reference.parameters()))
@@ -309,7 +314,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ram-budget",
         default=None,
-        help="RAM for optimizer state, e.g. 1MiB (default: state size / 8)",
+        help="RAM for optimizer state: a size (1MiB) or a share of the state (1/8, 12.5%%, 0.125); "
+        "default: state size / 8",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of the initial weights and batches (default 0)"
@@ -386,7 +392,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo from parsed flags; 0 when the curves are equal, 1 otherwise."""
     from tqdm import tqdm
 
-    budget = None if args.ram_budget is None else parse_size(args.ram_budget, name="--ram-budget")
+    # Checked before anything is built, with the API's parser and errors; a share is resolved by train().
+    budget = None if args.ram_budget is None else budget_request(args.ram_budget, name="--ram-budget")
     parent = Path(args.state_dir).expanduser()
     _check_state_parent(parent)  # before the slow part, so a bad path fails at once
     torch.set_num_threads(args.threads)  # the comparison holds for any count: both runs share it
