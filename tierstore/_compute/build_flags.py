@@ -11,7 +11,7 @@ True
 
 SOURCE = "codec_kernel.c"
 INSTALLED_NAME = "_codec_kernel"  # the extension setup.py builds: tierstore/_compute/_codec_kernel<suffix>
-# -ffp-contract=off: no FMA the source does not write (clang contracts by default; the kernel
+# -ffp-contract=off: no FMA the source does not write (clang contracts by default; the compiled kernel
 # must round exactly where torch's does); -fno-math-errno: sqrtf as one instruction, so the
 # update's loops vectorise. Never -ffast-math.
 COMPILE_FLAGS = ("-O3", "-fno-strict-aliasing", "-std=c99", "-ffp-contract=off", "-fno-math-errno")

@@ -19,7 +19,7 @@ capability in use, checks it once per format against decode ->
 decay or not, maximize, amsgrad, both ``lerp`` branches, every tail length,
 first and later steps, zeros, subnormals, non-finite gradients, fp32 and
 bfloat16 gradients and parameters), and tries the other known recipes where
-it differs. A format uses the kernel only where every bit agrees; otherwise it
+it differs. A format uses the compiled kernel only where every bit agrees; otherwise it
 keeps the torch path and the log says why, once.
 
 Example
@@ -123,7 +123,7 @@ class Fused:
 @functools.cache
 def bf16_param_flags() -> int | None:
     """The piece flags that write bfloat16 parameters as this torch build's ``Tensor.copy_`` does,
-    or None where its conversion differs from the kernel's (the parameters then take torch copies).
+    or None where its conversion differs from the compiled kernel's (the parameters then take torch copies).
 
     The kernel rounds to nearest even; NaN differs by build: the AVX2 vector
     conversion gives 0xFFFF, the scalar one 0x7FC0. Both are checked on fixed
@@ -141,7 +141,7 @@ def _bf16_flags_for(convert: Callable[[Tensor, Tensor], object]) -> int | None:
                 0x7F7F7FFF, 0x3DCCCCCD]  # fmt: skip
     nans = [0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00001]
     bits = np.array(patterns + nans, dtype=np.uint32)
-    expected = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint32)  # the kernel's rounding
+    expected = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint32)  # the compiled kernel's rounding
     is_nan = np.zeros(len(bits), dtype=bool)
     is_nan[len(patterns) :] = True
     seen = set()
@@ -168,7 +168,7 @@ def constants(hyper: GroupHyper, step: float) -> bytes:
     """The per-tensor constants torch's fused kernel derives from ``hyper`` at ``step``, packed.
 
     As ``FusedAdamKernel.cpp`` computes them: in double, each rounded to float
-    where the kernel converts it (``scalar_t(...)``).
+    where the AdamW kernel converts it (``scalar_t(...)``).
 
     Example
     -------
@@ -191,7 +191,7 @@ def constants(hyper: GroupHyper, step: float) -> bytes:
 
 @dataclass(frozen=True)
 class Piece:
-    """One parameter piece of a chunk, as the kernel takes it (addresses of CPU memory)."""
+    """One parameter piece of a chunk, as the compiled kernel takes it (addresses of CPU memory)."""
 
     start: int  # first element, relative to the chunk
     numel: int
@@ -232,7 +232,7 @@ def fields(fmt: formats.MomentFormat, stored: Sequence[tuple[Tensor, Tensor | No
 
 
 def block_numel(fmt: formats.MomentFormat) -> int:
-    """Elements the kernel decodes, updates and encodes at a time in ``fmt``."""
+    """Elements the compiled kernel decodes, updates and encodes at a time in ``fmt``."""
     return fmt.block_numel or TILE_NUMEL
 
 
@@ -251,7 +251,7 @@ def update_chunk(
 
 
 def applies(fmt: formats.MomentFormat) -> bool:
-    """Whether the kernel implements ``fmt`` (the registered compressed formats, rounding to nearest)."""
+    """Whether the compiled kernel implements ``fmt`` (the registered compressed formats, rounding to nearest)."""
     return fmt.name in FORMAT_CODES and fmt.rounding == "nearest" and block_numel(fmt) <= native.MAX_BLOCK
 
 
@@ -262,7 +262,7 @@ def _format_name(fmt: formats.MomentFormat | str) -> str:
 def kernel(fmt: formats.MomentFormat | str | None = None) -> Fused | None:
     """The compiled fused update for ``fmt`` where it matches the torch path bit for bit, else None.
 
-    ``fmt=None``: the kernel only where every format the kernel implements
+    ``fmt=None``: the compiled kernel only where every format it implements
     matches. Decided once per loaded library (:func:`tierstore._compute.native.library`);
     None inside :func:`tierstore._compute.native.suspended` too.
     """

@@ -81,7 +81,7 @@ from .build_flags import LIBS as _LIBS
 log = logging.getLogger(__name__)
 
 ABI_VERSION = 4  # ts_codec_kernel_version() of a library this module can call
-MAX_BLOCK = 4096  # elements per block the kernel accepts (MAX_BLOCK in the C source)
+MAX_BLOCK = 4096  # elements per block the compiled kernel accepts (MAX_BLOCK in the C source)
 FLAGS = ("-shared", "-fPIC", *COMPILE_FLAGS)  # the first-use build's (setup.py: the same COMPILE_FLAGS)
 LIBS = tuple(f"-l{lib}" for lib in _LIBS)
 COMPILE_TIMEOUT_S = 120
@@ -305,7 +305,7 @@ def _load() -> tuple[Kernel | None, str]:
             k = _open(installed, source)
             return k, f"compiled kernel {installed} (built at install; {'AVX2+FMA' if k.fast else 'baseline'} variant)"
         except (OSError, RuntimeError) as e:
-            log.info("tierstore: the kernel built at install is not used: %s", e)
+            log.info("tierstore: the compiled kernel built at install is not used: %s", e)
     try:
         cc = None if sys.platform == "win32" else _compiler()  # the build below is for POSIX compilers
     except ConfigError as e:

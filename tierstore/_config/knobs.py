@@ -79,6 +79,6 @@ class Knobs:
     @property
     def streaming_threads(self) -> int:
         """Intra-op threads of the update while shards stream from disk."""
-        # Note: on few cores, OpenMP threads spin-waiting at the kernel's barrier
+        # Note: on few cores, OpenMP threads spin-waiting at the AdamW kernel's barrier
         # starve the I/O workers (measured: the update ran 10x slower).
         return self.update_threads or default_update_threads()

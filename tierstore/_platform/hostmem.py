@@ -70,7 +70,7 @@ def _advise_huge(mm: mmap.mmap, size: int, wanted: bool) -> bool:
     where not wanted); whether huge pages were asked for.
 
     A hint only: with ``transparent_hugepage`` set to ``never``, or where memory is
-    too fragmented, the kernel keeps 4 KiB pages and nothing else changes.
+    too fragmented, the Linux kernel keeps 4 KiB pages and nothing else changes.
     """
     if size < HUGE_PAGE:
         return False

@@ -12,14 +12,14 @@ upload buffers, :class:`UploadBuffers`). :func:`master_sync` copies masters
 and parameters one way or the other, shard by shard (fresh state, resume,
 loaded state).
 
-One math for every moment format. In ``"float32"`` the kernel updates the
+One math for every moment format. In ``"float32"`` the AdamW kernel updates the
 shard's own bytes, exactly as ``torch.optim.AdamW(fused=True)`` would. In a
 compressed format (:mod:`tierstore._compute.formats`) the parts of the shard that
 parameters with a gradient occupy are cut into cache-sized chunks; for each
 chunk a worker (:mod:`tierstore._platform.workers`) decodes the moments into its fp32
 scratch, runs the same fused kernel on the chunk's pieces, and encodes the
 moments back into the shard's bytes; the master stays fp32 in place. The
-chunks cut parameters only at multiples of 64 elements (the kernel gives the
+chunks cut parameters only at multiples of 64 elements (the AdamW kernel gives the
 same bits as on the whole tensor) and moments only at block boundaries (the
 codec gives the same bytes as on the whole field), and blocks of parameters
 without a gradient are not touched, so the result equals decode -> kernel ->
@@ -81,23 +81,23 @@ class ActiveParam:
     group: int
     param: Tensor  # flat view of the (local) parameter's data
     grad: Tensor  # flat view of its gradient
-    staged: bool  # the gradient passes through staging before the kernel (other dtype or device; the fused
+    staged: bool  # the gradient passes through staging before the AdamW kernel (other dtype or device; the fused
     # kernel reads dense bfloat16 CPU gradients unstaged, see ShardUpdate._cuts)
     cuda: bool  # the parameter lives on a GPU (its new value goes up)
-    step: Tensor  # the parameter's step count after this step, what the kernel reads; it becomes torch's
+    step: Tensor  # the parameter's step count after this step, what the AdamW kernel reads; it becomes torch's
     # per-parameter state["step"] only once the step succeeded (ShardUpdate.publish_steps)
     grad_cuda: bool = False  # the gradient lives on a GPU (it comes down through staging)
 
 
 class _Cut(NamedTuple):
-    """One parameter's piece inside a range of shard elements, as the kernel takes it."""
+    """One parameter's piece inside a range of shard elements, as the AdamW kernel takes it."""
 
     index: int  # the parameter's position
     active: ActiveParam
     s0: int  # shard elements [s0, s1)
     s1: int
     grad: Tensor  # fp32, staged where the gradient is not an fp32 CPU tensor (bfloat16 CPU ones: see _cuts)
-    target: Tensor  # what the kernel updates: the master piece, or the fp32 parameter's
+    target: Tensor  # what the AdamW kernel updates: the master piece, or the fp32 parameter's
     param: Tensor  # the parameter's piece
 
 
@@ -266,7 +266,7 @@ class ShardUpdate:
         """Make this step's counts the parameters' ``state[p]["step"]``: call once the step succeeded.
 
         A step tensor already there is incremented in place, as torch's AdamW
-        increments its own (to the value the kernel used); a count kept as a
+        increments its own (to the value the AdamW kernel used); a count kept as a
         number, or none yet, becomes this step's tensor.
         """
         in_place = []
@@ -425,7 +425,7 @@ class ShardUpdate:
         hi: int,
     ) -> tuple[list[fused_update.Piece], list[tuple[Tensor, Tensor]]]:
         """The fused kernel's pieces of chunk ``[lo, hi)`` (:meth:`_cuts`), and the (parameter, master)
-        copies left for CPU parameters that are neither fp32 nor bfloat16 (the kernel writes those two
+        copies left for CPU parameters that are neither fp32 nor bfloat16 (the compiled kernel writes those two
         and reads fp32 and bfloat16 gradients itself)."""
         pieces, copies = [], []
         for cut in self._cuts(work, staging, master, lo, hi, raw_bf16=True):

@@ -241,7 +241,7 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     done = 0
     while done < len(data):
         n = os.pwrite(fd, data[done:], offset + done)
-        if n <= 0:  # pragma: no cover - the kernel raises instead
+        if n <= 0:  # pragma: no cover - the Linux kernel raises instead
             raise OSError(errno.EIO, f"pwrite wrote {n} bytes")
         done += n
 

@@ -158,7 +158,7 @@ class StagingFile:
 
     DCP's reader writes the pieces it loads into it, and the fill reads them
     back into the shards, both with ``pwrite``/``pread``: nothing is mapped,
-    so nothing of it enters RSS (the kernel keeps the pages in its page cache,
+    so nothing of it enters RSS (the Linux kernel keeps the pages in its page cache,
     writes them back and drops them as it needs).
 
     Raises

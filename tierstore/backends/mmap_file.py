@@ -4,7 +4,7 @@ Reads and writes are memory copies into and out of a shared mapping; the
 kernel moves the pages. Mapped file pages count in the process's RSS while
 they are mapped, so the RSS a request in flight adds is kept small:
 
-- each request first asks the kernel to read its range into the page cache
+- each request first asks the Linux kernel to read its range into the page cache
   (``MADV_WILLNEED``). Otherwise the first fault in an uncached range reads
   around it with the device's read-ahead window (8 MiB on the reference
   machine) into large folios and maps far more than the request: 8 workers

@@ -9,7 +9,7 @@ read-only mapping of the file, and :meth:`TieredAdamW.load_state_dict
 state. File pages that a shard has consumed would still count in the
 process's RSS until the mapping goes, so the moments are wrapped in
 :class:`ReleasingTensor`: after each copy out of one, the whole pages it
-covered are handed back to the kernel (``madvise(MADV_DONTNEED)``: clean
+covered are handed back to the Linux kernel (``madvise(MADV_DONTNEED)``: clean
 pages of a private file mapping, which a later touch reads again from the
 file, so no data can change). RSS then grows by about one shard's worth of
 the file, not the file.
@@ -32,6 +32,7 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+from pickle import UnpicklingError  # the exception only: nothing here unpickles
 from typing import Any
 
 import torch
@@ -126,13 +127,23 @@ def load_torch_optimizer_file(opt: Any, path: str | os.PathLike) -> None:
     Raises
     ------
     CorruptStateError
-        If the file cannot be read as a torch state dict (naming it).
+        If the file cannot be read as a torch state dict (naming it), or holds any object
+        besides tensors, numbers and plain containers (read with ``weights_only=True``: never run).
     ConfigError
         As :meth:`~tierstore.TieredAdamW.load_state_dict`: another model's groups or sizes.
     """
     path = os.fspath(path)
     try:
         state_dict = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
+    except UnpicklingError:
+        # weights_only refused an object (a class, a function call): reading it would run code from the file.
+        # torch's own message suggests weights_only=False, which is what must not be done with a file of
+        # unknown origin, so it is not repeated.
+        raise CorruptStateError(
+            f"{path!r} holds objects other than tensors, numbers and plain containers, which an optimizer state "
+            "dict never does; it is not loaded (unpickling it could run code from the file). Resume from a "
+            "checkpoint you trust"
+        ) from None
     except (OSError, RuntimeError, ValueError, EOFError) as exc:  # torch reports a damaged zip as RuntimeError
         raise CorruptStateError(
             f"{path!r} cannot be read as a torch optimizer state dict ({exc}); resume from another checkpoint"

@@ -540,7 +540,7 @@ def reference(job: DistJob, pieces: Sequence[tuple[int, int]] | int = 1) -> dict
     """The job's uninterrupted result in one process, with torch's fused AdamW kernel.
 
     ``pieces`` says into how many dim-0 pieces (``torch.chunk``, FSDP2's
-    ``Shard(0)`` rule) the kernel sees each parameter: an int, or
+    ``Shard(0)`` rule) the AdamW kernel sees each parameter: an int, or
     ``[(until_step, pieces), ...]`` when the world size changes (a DCP
     checkpoint saved by 2 ranks and loaded by 1). It matters: torch's fused
     CPU kernel computes the last few elements of every tensor it is given in
@@ -716,7 +716,7 @@ def _rss_kib() -> tuple[int, int]:
 
 
 def _trim() -> None:
-    """Give free heap pages back to the kernel (glibc), so RSS growth shows new allocations."""
+    """Give free heap pages back to the Linux kernel (glibc), so RSS growth shows new allocations."""
     import contextlib
     import ctypes
     import ctypes.util

@@ -12,7 +12,7 @@ updated with the gradient cast to fp32 and cast back into the parameter, as
 
 Why per tensor equals per shard: a block format's blocks start at every
 parameter's first element in both (``TieredAdamW`` aligns parameters to
-blocks), the kernel is elementwise, and the codecs encode each element (each
+blocks), the AdamW kernel is elementwise, and the codecs encode each element (each
 block) independently of the others.
 
 Example

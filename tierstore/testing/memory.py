@@ -1,7 +1,7 @@
 """Measure the host RAM a real tierstore run holds: peak RSS growth and page cache, in a child process.
 
 ``ram_budget`` promises a bound on RSS, so it is checked by running the real
-thing in a fresh Python process and reading the kernel's figures, not the
+thing in a fresh Python process and reading the Linux kernel's figures, not the
 optimizer's own accounting. A child process (``python -m
 tierstore.testing.memory CONFIG_JSON``):
 
@@ -12,9 +12,9 @@ tierstore.testing.memory CONFIG_JSON``):
    reported as ``import_bytes``, outside the growth,
 3. takes the **baseline**: RSS once the model and its gradients exist,
 4. runs the scenario's phases (construct, steps, checkpoint save, ...); for
-   each it records the **peak RSS** (the kernel's high-water mark ``VmHWM``,
+   each it records the **peak RSS** (the Linux kernel's high-water mark ``VmHWM``,
    restarted per phase through ``/proc/self/clear_refs``; a 1 ms sampling
-   thread where the kernel refuses that), the RSS at its end, where the RSS
+   thread where the Linux kernel refuses that), the RSS at its end, where the RSS
    lives (:func:`~tierstore.cli.bench.rss.rss_by_kind`) and the **page
    cache** the state files hold (``mincore`` over each ``shards*.bin``,
    sampled every 20 ms during the phase, so it is per file, not the noisy

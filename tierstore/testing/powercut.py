@@ -24,7 +24,7 @@ In-process hooks on the ``os`` functions that change files and names
 the mmap backend (:meth:`~tierstore.backends.mmap_file.MmapFile._store`,
 a copy into the shared mapping, and
 :meth:`~tierstore.backends.mmap_file.MmapFile._msync`), because copies into
-a mapping make no system call. This observes what reaches the kernel, not
+a mapping make no system call. This observes what reaches the Linux kernel, not
 what a backend claims: a ``sync()`` that does nothing shows as a missing
 ``fdatasync`` or ``msync``, where a recording ``ShardFile`` wrapper would
 log it as done and miss the manifest and marker files besides. tierstore,
