@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tierstore import StateDirInUseError, TieredAdamW
+from tierstore import StateDirError, StateDirInUseError, TieredAdamW
 from tierstore._state.statedir import LOCK, StateDir
 
 KW = dict(shard_numel=1024, backend="buffered")
@@ -197,3 +197,105 @@ def test_an_optimizer_killed_by_sigkill_leaves_its_directory_resumable(tmp_path:
     with TieredAdamW([torch.nn.Parameter(torch.ones(2048))], state_dir=tmp_path / "s", resume=True,
                      ram_budget="40KiB", **KW) as opt:  # fmt: skip
         assert opt.step_count == 1
+
+
+# -- the race between creating a directory and locking it (the review's defect), step by step ----------
+
+
+class _Paused:
+    """Pauses one opener inside ``open()`` at a chosen call, until the test lets it go on.
+
+    ``reached`` is set when the opener gets there; ``go`` lets it continue. Only the first
+    call pauses; ``calls`` counts them all.
+    """
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.go = threading.Event()
+        self.calls = 0
+
+    def wrap(self, real, *, then=None):
+        def paused(*args, **kwargs):
+            self.calls += 1
+            if self.calls == 1:
+                self.reached.set()
+                assert self.go.wait(30), "the test never let the opener go on"
+                if then is not None:
+                    return then(*args, **kwargs)
+            return real(*args, **kwargs)
+
+        return paused
+
+
+def _in_thread(call) -> tuple[threading.Thread, list]:
+    """Run ``call`` in a thread; the list gets its result or the exception it raised."""
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_an_opener_whose_directory_is_removed_before_it_locks_opens_the_new_one(tmp_path: Path) -> None:
+    """A creates the directory, locks it, then fails and removes it; B opened it in between and locks
+    the removed directory: B notices (``st_nlink == 0``), opens the path afresh and holds a live directory."""
+    target = tmp_path / "new" / "s"
+    a, b = StateDir(target), StateDir(target)
+
+    a_locked = _Paused()  # A stops after it created, opened and locked the directory, then fails
+
+    def fail(fd, path):
+        raise OSError(5, "Input/output error (injected)")
+
+    a._write_holder_tmp = a_locked.wrap(a._write_holder_tmp, then=fail)
+    b_opened = _Paused()  # B stops after it opened the directory A made, before its lock
+    b._lock = b_opened.wrap(b._lock)
+
+    thread_a, out_a = _in_thread(a.open)
+    assert a_locked.reached.wait(30)
+    thread_b, out_b = _in_thread(b.open)
+    assert b_opened.reached.wait(30)
+    a_locked.go.set()  # A fails: it removes the directory it made (empty) and unlocks
+    thread_a.join(30)
+    assert out_a and isinstance(out_a[0], StateDirError), out_a
+    assert not target.exists(), "A did not remove the directory it made: the race is not set up"
+    b_opened.go.set()  # B's lock now succeeds, on a directory that is gone
+    thread_b.join(30)
+    try:
+        assert out_b == [b], out_b
+        assert b_opened.calls == 2, "B kept the lock on the removed directory instead of opening the path again"
+        assert os.fstat(b.fd).st_nlink > 0 and os.fstat(b.fd).st_ino == os.stat(target).st_ino
+        b.write_manifest({"step_count": 0})
+        assert (target / "manifest.json").exists() and (target / LOCK).exists()
+        assert _refused(target)  # and B's lock is the one on the path
+    finally:
+        b.close()
+
+
+def test_an_opener_refused_never_removes_the_directory_it_made(tmp_path: Path) -> None:
+    """R creates the directory and opens it; H locks it first (and its holder record is then deleted, so
+    the directory is empty); R is refused and must leave the directory H holds where it is."""
+    target = tmp_path / "new" / "s"
+    r = StateDir(target)
+    r_opened = _Paused()
+    r._lock = r_opened.wrap(r._lock)
+    thread_r, out_r = _in_thread(r.open)
+    assert r_opened.reached.wait(30)
+    assert r._created_dir, "R did not create the directory: the case is not set up"
+    h = StateDir(target).open()
+    try:
+        (target / LOCK).unlink()  # empty now: a removal by R would succeed
+        r_opened.go.set()
+        thread_r.join(30)
+        assert out_r and isinstance(out_r[0], StateDirInUseError), out_r
+        assert target.is_dir() and os.fstat(h.fd).st_nlink > 0, "the refused opener removed the held directory"
+        h.write_manifest({"step_count": 0})
+        assert (target / "manifest.json").exists()
+    finally:
+        h.close()
