@@ -190,12 +190,12 @@ def test_crafted_state_dir_ends_in_one_line_and_an_exit_code(
 
 
 def test_an_unexpected_error_is_one_line_naming_a_bug(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, state: Path) -> None:
-    import tierstore.cli.inspection as inspection
+    import tierstore.cli.inspection.inspect as inspect_command
 
     def broken(path: Any) -> dict[str, Any]:
         raise KeyError("fingerprint")
 
-    monkeypatch.setattr(inspection, "describe_statedir", broken)
+    monkeypatch.setattr(inspect_command, "describe_statedir", broken)
     rc, out, err = _run(capsys, "inspect", str(state))
     assert rc == 1 and "internal error: KeyError: 'fingerprint'; this is a bug" in _one_line_error(out, err)
 

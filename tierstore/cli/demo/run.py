@@ -30,7 +30,6 @@ import json
 import os
 import resource
 import shutil
-import stat
 import sys
 import time
 from collections.abc import Callable
@@ -353,19 +352,16 @@ def _check_state_parent(parent: Path) -> None:
     ...
     tierstore.errors.ConfigError: --state-dir ...: .../notes.txt is a regular file, not a directory; ...
     """
-    for above in (parent, *parent.parents):
-        try:
-            st = os.stat(above)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        if not stat.S_ISDIR(st.st_mode):
-            kind = "a regular file" if stat.S_ISREG(st.st_mode) else "not a directory"
-            raise ConfigError(
-                f"--state-dir {str(parent)!r}: {above} is {kind}, not a directory; the demo makes a run-<time>-<pid> "
-                "directory inside --state-dir, so pass a directory (or a path to create), e.g. --state-dir "
-                f"{DEFAULT_STATE_DIR}"
-            )
-        return
+    from ..paths import blocking_file  # the check export and to-torch make of their output's folder
+
+    blocked = blocking_file(parent)
+    if blocked is not None:
+        above, kind = blocked
+        raise ConfigError(
+            f"--state-dir {str(parent)!r}: {above} is {kind}, not a directory; the demo makes a run-<time>-<pid> "
+            "directory inside --state-dir, so pass a directory (or a path to create), e.g. --state-dir "
+            f"{DEFAULT_STATE_DIR}"
+        )
 
 
 def _new_run_dir(parent: Path) -> tuple[Path, bool]:
