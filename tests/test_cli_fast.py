@@ -1,4 +1,8 @@
-"""``tierstore --help`` and ``--version`` answer fast: the CLI imports only the command it runs (issue 22, item 4).
+"""``tierstore --help``, ``--version`` and every subcommand's ``--help`` answer fast: no torch (issue 22, item 4).
+
+The CLI imports only the command it runs, and a command's module imports
+torch only inside the functions that need it, so ``tierstore plan --help``
+and ``tierstore verify --help`` print their options without it.
 
 The robust check is what a fresh process has imported (torch takes about two
 seconds to import, so it must not be imported for ``--help``); the wall-clock
@@ -31,6 +35,21 @@ _IMPORTED = textwrap.dedent(
     build_parser(sys.argv[1:])
     after_parser = sorted(m for m in sys.modules if m == "torch" or m.startswith("tierstore"))
     print(json.dumps({"import": after_import, "parser": after_parser}))
+    """
+)
+
+
+_AFTER_HELP = textwrap.dedent(
+    """
+    import contextlib, io, json, sys
+    from tierstore.cli import main
+    code = None
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        try:
+            main(sys.argv[1:])
+        except SystemExit as exc:
+            code = exc.code
+    print(json.dumps({"code": code, "torch": "torch" in sys.modules, "help": out.getvalue()}))
     """
 )
 
@@ -72,6 +91,27 @@ def test_inspect_help_does_not_import_the_benchmarks() -> None:
     mods = _imported("inspect", "--help")["parser"]
     assert "tierstore.cli.inspection" in mods
     assert not [m for m in mods if m.startswith(("tierstore.cli.bench", "tierstore.cli.demo", "tierstore.planner"))], mods
+
+
+#: Subcommands whose --help must answer without torch (demo and bench import it at their module's top).
+TORCH_FREE_HELP = ["plan", "verify", "inspect", "export", "to-torch", "diagnose"]
+
+
+@pytest.mark.parametrize("command", TORCH_FREE_HELP)
+def test_subcommand_help_imports_no_torch(command: str) -> None:
+    """The whole ``tierstore COMMAND --help`` in a fresh process: the help is printed, torch never imported."""
+    done = subprocess.run([sys.executable, "-c", _AFTER_HELP, command, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["code"] == 0 and f"usage: tierstore {command}" in result["help"], result
+    assert result["torch"] is False, f"tierstore {command} --help imported torch: import it inside the function that needs it"
+
+
+@pytest.mark.parametrize("command", ["plan", "verify"])
+def test_subcommand_help_answers_fast(command: str) -> None:
+    median = _median_s([sys.executable, "-m", "tierstore.cli", command, "--help"])
+    print(f"tierstore {command} --help: median {median:.3f} s over 3 runs (target {FAST_S} s)")
+    assert median < GENEROUS_S, f"tierstore {command} --help took {median:.2f} s (median of 3); something imports torch again"
 
 
 def _entry_points() -> list[list[str]]:

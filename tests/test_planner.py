@@ -419,8 +419,8 @@ BAD_CLI = [
     (["--params", "7B", "--io-json", "/nonexistent/io.json"], "does not exist"),
     (["--params", "7B", "--read-gbps", "0"], "> 0"),
     (["--params", "7B", "--drive-tbw", "many"], "not a number"),
-    (["--params", "7B", "--shard-numel", "0"], "shard_numel"),
-    (["--params", "7B", "--prefetch-depth", "0"], "prefetch_depth"),
+    (["--params", "7B", "--shard-numel", "0"], "--shard-numel=0 must be an int >= 1"),
+    (["--params", "7B", "--prefetch-depth", "0"], "--prefetch-depth=0 must be an int >= 1"),
     (["--params", "7B", "--shard-numel", "1024"], "shards"),
     (["--model", "no_colon_here"], "module:factory"),
     (["--model", "tierstore_no_such_module:f"], "cannot import"),
@@ -436,6 +436,20 @@ def test_cli_bad_inputs(capsys, argv, message) -> None:
     rc, out, err = _run(capsys, "--host-ram", "512GiB", *argv) if "--host-ram" not in argv else _run(capsys, *argv)
     assert rc == 2 and out == ""  # a value or --model that cannot be used: a usage error (cli.EXIT_USAGE)
     assert err.startswith("tierstore: error:") and message in err, err
+
+
+@pytest.mark.parametrize(
+    ("knob", "value", "flag"),
+    [("prefetch_depth", 0, "--prefetch-depth"), ("shard_numel", 0, "--shard-numel"), ("ram_budget", "-1GiB", "--ram-budget")],
+)
+def test_cli_knob_flags_say_what_the_api_says(capsys, tmp_path, knob: str, value: object, flag: str) -> None:
+    """A knob's flag is checked by the knob's registry check: the API's message, naming the flag."""
+    w = torch.nn.Parameter(torch.zeros(8))
+    with pytest.raises(ConfigError) as api:
+        TieredAdamW([w], state_dir=tmp_path / "state", **{knob: value})
+    rc, _, err = _run(capsys, "--params", "7B", "--host-ram", "512GiB", f"{flag}={value}")
+    assert rc == 2
+    assert err.strip() == f"tierstore: error: {str(api.value).replace(knob, flag, 1)}"
 
 
 @pytest.mark.parametrize(

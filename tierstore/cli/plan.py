@@ -17,26 +17,21 @@ import dataclasses
 import json
 from pathlib import Path
 
-from .._compute.codecs import moment_format
+from .._config.registry import KNOBS
 from ..errors import ConfigError
-from ..planner import (
-    EXIT_DOES_NOT_FIT,
-    Bandwidth,
-    format_plan,
-    load_model,
-    plan_memory,
-    read_io_json,
-)
-from ..planner.inputs import disk_free, existing_ancestor, parse_count, parse_nbytes, parse_rate
-from ..planner.memory import DEFAULT_PREFETCH_DEPTH, PRECISIONS
-from ..planner.results import DEFAULT_LIFETIME_MONTHS, DEFAULT_UPDATE_GPARAMS
-from ..sizes import budget_request
+from ..planner.inputs import PRECISION_DTYPES, existing_ancestor
+from ..planner.results import DEFAULT_LIFETIME_MONTHS, DEFAULT_UPDATE_GPARAMS, EXIT_DOES_NOT_FIT
+
+# The planner's arithmetic imports torch: it is imported when the command runs, so `tierstore plan
+# --help` answers without it (tests/test_cli_fast.py).
 
 __all__ = ["add_arguments", "run", "commit_every"]
 
 
 def _moment_dtype(value: str) -> str:
     """``--moment-dtype``: a format's name or alias (``bf16``), as its canonical name."""
+    from .._compute.codecs import moment_format  # torch: only when a value is parsed
+
     try:
         return moment_format(value).name
     except ConfigError as exc:
@@ -71,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--params", help="trainable parameter count: 7e9, 7B, 70B, 125M")
     what.add_argument("--model", metavar="MODULE:FACTORY", help="a factory returning an nn.Module, or a tuple starting with one (diagnose's (model, batch, loss_fn) works); the model is built on the meta device and its parameters counted")
     parser.add_argument("--frozen", default="0", help="frozen parameters (with --params): weights only")
-    parser.add_argument("--precision", choices=sorted(PRECISIONS), help="fp32, or bf16/fp16 mixed precision with an fp32 master (default: fp32, or the model's dtype)")
+    parser.add_argument("--precision", choices=sorted(PRECISION_DTYPES), help="fp32, or bf16/fp16 mixed precision with an fp32 master (default: fp32, or the model's dtype)")
     parser.add_argument("--amsgrad", action="store_true", help="AdamW with amsgrad (+4 B/param)")
     parser.add_argument("--moment-dtype", default="float32", type=_moment_dtype, help="how the moments are stored (default float32: bitwise torch AdamW; bfloat16 or bf16: 2 B, int8: 1.016 B per moment element)")
     parser.add_argument("--gpu-memory", metavar="SIZE", help="the model trains on a GPU with this much memory, e.g. 80GB")
@@ -84,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--commit-every", default="auto", metavar="POLICY", help="the commit policy, as TieredAdamW(commit_every=...): auto (default; assumed to commit every step for drive wear), a step count such as 100, a duration such as 5min, or both: 100,10min")
     parser.add_argument("--lifetime", metavar="MONTHS", default=str(DEFAULT_LIFETIME_MONTHS), help=f"how long the drive should last, in months (default {DEFAULT_LIFETIME_MONTHS:g}); the plan prints the commit_every that makes it")
     parser.add_argument("--shard-numel", type=int, help="elements per shard (default: TieredAdamW's automatic choice)")
-    parser.add_argument("--prefetch-depth", type=int, default=DEFAULT_PREFETCH_DEPTH, help="shards read ahead; the arena has prefetch_depth + 2 slots")
+    parser.add_argument("--prefetch-depth", type=int, default=KNOBS["prefetch_depth"].default, help="shards read ahead; the arena has prefetch_depth + 2 slots")
     parser.add_argument("--io-json", metavar="FILE", help="bandwidths from `tierstore bench io --json`")
     parser.add_argument("--read-gbps", help="drive read bandwidth, GB/s (overrides --io-json)")
     parser.add_argument("--write-gbps", help="drive write bandwidth, GB/s (overrides --io-json)")
@@ -106,8 +101,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: Flags that set a knob of TieredAdamW, checked by the knob's own check (tierstore._config.registry), so
+#: a bad value gets the message the API gives, naming the flag: "--prefetch-depth=0 must be an int >= 1".
+KNOB_FLAGS = {"shard_numel": "--shard-numel", "prefetch_depth": "--prefetch-depth", "ram_budget": "--ram-budget"}
+
+
+def check_knob_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The values of :data:`KNOB_FLAGS` in ``args``, each checked by its knob in the registry.
+
+    Raises
+    ------
+    ConfigError
+        Naming the flag, the value and the fix, in the API's words.
+
+    Example
+    -------
+    >>> check_knob_flags(argparse.Namespace(shard_numel=None, prefetch_depth=0, ram_budget=None))
+    Traceback (most recent call last):
+    ...
+    tierstore.errors.ConfigError: --prefetch-depth=0 must be an int >= 1
+    """
+    return {name: KNOBS[name].validate(getattr(args, name), flag) for name, flag in KNOB_FLAGS.items()}
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``tierstore plan``: parse, plan, print."""
+    from ..planner import Bandwidth, format_plan, load_model, plan_memory, read_io_json
+    from ..planner.inputs import disk_free, parse_count, parse_nbytes, parse_rate
+
+    knobs = check_knob_flags(args)
     speeds = {"read_gbps": None, "write_gbps": None, "memory_gbps": None}
     if args.io_json:
         speeds.update(read_io_json(args.io_json))
@@ -144,12 +166,12 @@ def run(args: argparse.Namespace) -> int:
         amsgrad=args.amsgrad,
         gpu=args.gpu or None,
         gpu_memory=parse_nbytes(args.gpu_memory, "--gpu-memory"),
-        ram_budget=budget_request(args.ram_budget, name="--ram-budget"),  # the API's parser, named as the flag
+        ram_budget=knobs["ram_budget"],
         disk_free=free,
         durable=bool(args.state_dir) if args.durable is None else args.durable,
         commit_every=commit_every(args.commit_every),
-        shard_numel=args.shard_numel,
-        prefetch_depth=args.prefetch_depth,
+        shard_numel=knobs["shard_numel"],
+        prefetch_depth=knobs["prefetch_depth"],
         bandwidth=bandwidth,
         drive_tbw=parse_rate(args.drive_tbw, "--drive-tbw"),
         moment_dtype=args.moment_dtype,

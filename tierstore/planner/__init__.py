@@ -55,6 +55,7 @@ before its lifetime). Only malformed input is an error.
 
 Example
 -------
+>>> from tierstore.planner import plan_memory
 >>> plan = plan_memory(7_000_000_000, precision="bf16", host_ram=512 << 30, gpu_memory=80 * 10**9)
 >>> plan.state_bytes_per_param, plan.torch.total // plan.trainable_params
 (12, 16)
@@ -64,41 +65,27 @@ Example
 
 from __future__ import annotations
 
-# The names in __all__, and (as X as X) what was importable from tierstore.planner before it
-# became a package of modules: parse_count, disk_free, PRECISIONS, ... keep working.
-from .inputs import disk_free as disk_free
-from .inputs import existing_ancestor as existing_ancestor
-from .inputs import load_model, read_io_json
-from .inputs import parse_count as parse_count
-from .memory import DEFAULT_PREFETCH_DEPTH as DEFAULT_PREFETCH_DEPTH
-from .memory import HOST_RAM_SHARE as HOST_RAM_SHARE
-from .memory import MAX_SHARDS as MAX_SHARDS
-from .memory import PRECISIONS as PRECISIONS
-from .memory import plan_memory
-from .report import MOMENT_BYTES as MOMENT_BYTES
-from .report import format_plan
-from .results import DEFAULT_UPDATE_GPARAMS as DEFAULT_UPDATE_GPARAMS
-from .results import DOES_NOT_FIT as DOES_NOT_FIT
-from .results import (
-    EXIT_DOES_NOT_FIT,
-    VERDICTS,
-    Bandwidth,
-    DiskTier,
-    Endurance,
-    GpuTier,
-    HostTier,
-    MemoryPlan,
-    Shortfall,
-    StepTime,
-    TorchBaseline,
-    Traffic,
-)
-from .results import FITS_IN_RAM as FITS_IN_RAM
-from .results import GB as GB
-from .results import NEEDS_DISK as NEEDS_DISK
-from .results import TB as TB
-from .traffic import SECONDS_PER_DAY as SECONDS_PER_DAY
-from .traffic import STEP_TIME_FORMULA as STEP_TIME_FORMULA
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what __getattr__ gives, for readers and type checkers
+    from .inputs import load_model, read_io_json
+    from .memory import plan_memory
+    from .report import format_plan
+    from .results import (
+        EXIT_DOES_NOT_FIT,
+        VERDICTS,
+        Bandwidth,
+        DiskTier,
+        Endurance,
+        GpuTier,
+        HostTier,
+        MemoryPlan,
+        Shortfall,
+        StepTime,
+        TorchBaseline,
+        Traffic,
+    )
 
 __all__ = [
     "MemoryPlan",
@@ -118,3 +105,32 @@ __all__ = [
     "VERDICTS",
     "EXIT_DOES_NOT_FIT",
 ]
+
+# Each name -> the module that defines it. They are imported on first use: the arithmetic imports
+# torch, and `tierstore plan --help` reads only the records and defaults (results, inputs). The
+# names beyond __all__ (parse_count, disk_free, PRECISIONS, ...) are what was importable from
+# tierstore.planner before it became a package of modules; they keep working.
+_HOMES = {
+    **dict.fromkeys(("PRECISION_DTYPES", "disk_free", "existing_ancestor", "load_model", "parse_count",
+                     "read_io_json"), "inputs"),
+    **dict.fromkeys(("DEFAULT_PREFETCH_DEPTH", "HOST_RAM_SHARE", "MAX_SHARDS", "PRECISIONS", "plan_memory"), "memory"),
+    **dict.fromkeys(("MOMENT_BYTES", "format_plan"), "report"),
+    **dict.fromkeys(("DEFAULT_UPDATE_GPARAMS", "DOES_NOT_FIT", "EXIT_DOES_NOT_FIT", "FITS_IN_RAM", "GB", "NEEDS_DISK",
+                     "TB", "VERDICTS", "Bandwidth", "DiskTier", "Endurance", "GpuTier", "HostTier", "MemoryPlan",
+                     "Shortfall", "StepTime", "TorchBaseline", "Traffic"), "results"),
+    **dict.fromkeys(("SECONDS_PER_DAY", "STEP_TIME_FORMULA"), "traffic"),
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # once: the next lookup is a plain global
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})
+

@@ -18,14 +18,28 @@ import math
 import re
 import shutil
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from .._platform.factory import resolve
 from ..errors import ConfigError
 from ..sizes import parse_size
 
-__all__ = ["parse_count", "parse_nbytes", "parse_rate", "read_io_json", "load_model", "existing_ancestor", "disk_free"]
+if TYPE_CHECKING:  # torch is imported where a model is built: `tierstore plan --help` stays fast
+    import torch
+
+__all__ = [
+    "PRECISION_DTYPES",
+    "parse_count",
+    "parse_nbytes",
+    "parse_rate",
+    "read_io_json",
+    "load_model",
+    "existing_ancestor",
+    "disk_free",
+]
+
+#: ``--precision``/``precision=`` names -> the torch dtype of the parameters (an fp32 master for bf16/fp16).
+PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 _COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*$")
 _COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
@@ -181,6 +195,8 @@ def load_model(spec: str) -> torch.nn.Module:
     >>> next(model.parameters()).device
     device(type='meta')
     """
+    import torch
+
     factory = resolve(spec, flag="--model")
     attr = spec.rpartition(":")[2]
     meta = torch.device("meta")

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from .._config.knobs import Knobs
+from .._config.registry import KNOBS
 from .._layout.budget import OVERHEAD_BYTES, TierPlan, plan_tiers, staging_nbytes
 from .._layout.layout import DEFAULT_SHARD_NUMEL, Layout
 from .._layout.spec import StateSpec, decide
@@ -35,7 +36,7 @@ from .._state.commit_policy import CommitPolicy
 from ..errors import BudgetError, ConfigError
 from ..sizes import budget_request, format_size, resolve_budget
 from . import traffic as wear
-from .inputs import parse_rate
+from .inputs import PRECISION_DTYPES, parse_rate
 from .report import both_units
 from .results import (
     DEFAULT_LIFETIME_MONTHS,
@@ -53,7 +54,7 @@ from .results import (
 
 __all__ = ["plan_memory", "PRECISIONS", "DEFAULT_PREFETCH_DEPTH", "HOST_RAM_SHARE", "MAX_SHARDS"]
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = {name: getattr(torch, dtype) for name, dtype in PRECISION_DTYPES.items()}
 DEFAULT_PREFETCH_DEPTH = Knobs.prefetch_depth  # as TieredAdamW
 HOST_RAM_SHARE = 0.9  # the default budget leaves 10% of host RAM to the OS, data loading, ...
 MAX_SHARDS = 1 << 20  # beyond this the layout itself gets big; raise shard_numel
@@ -96,10 +97,8 @@ def _check(host_ram, gpu_memory, disk_free, prefetch_depth, shard_numel, gpu, pr
     for name, value in (("gpu_memory", gpu_memory), ("disk_free", disk_free)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ConfigError(f"{name}={value!r} must be a byte count >= 0")
-    if isinstance(prefetch_depth, bool) or not isinstance(prefetch_depth, int) or prefetch_depth < 1:
-        raise ConfigError(f"prefetch_depth={prefetch_depth!r} must be an int >= 1")
-    if shard_numel is not None and (isinstance(shard_numel, bool) or not isinstance(shard_numel, int) or shard_numel < 1):
-        raise ConfigError(f"shard_numel={shard_numel!r} must be an int >= 1, e.g. 1 << 22")
+    for knob, value in (("prefetch_depth", prefetch_depth), ("shard_numel", shard_numel)):
+        KNOBS[knob].validate(value)  # TieredAdamW's check and words
     if gpu is False and gpu_memory is not None:
         raise ConfigError("gpu=False contradicts gpu_memory; drop gpu_memory for CPU training")
 
