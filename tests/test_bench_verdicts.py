@@ -107,3 +107,92 @@ def test_bench_io_report_prints_hardware_ratios_with_spread_and_verdicts():
     assert "direct / dd (at its best setting): read" in text
     assert "targets: 2 FAIL" in text
     assert "FAIL  reads: tierstore's direct backend / raw O_DIRECT" in text and "target >= 0.90x" in text
+
+
+# -- bench step's report and plot, from made-up rounds -------------------------------
+def _step_document(*, torch_s=(0.94, 1.0, 0.9), peer_s=(3.3, 3.0, 3.6), bandwidth_off=1.0, commit_wait=0.0):
+    """A bench step document of three rounds: RAM 1 s a step, disk 2.2 s, floors about 2 s."""
+    from tierstore.cli.bench import step
+
+    results = {
+        "tierstore-ram": [{"seconds": 1.0}] * 3,
+        "torch-fused": [{"seconds": s} for s in torch_s],
+        "tierstore-disk": [{"seconds": 2.2, "read_wait": 0.5, "update": 0.5, "write_wait": 0.4,
+                            "commit_wait": commit_wait}] * 3,
+        "peer-pipelined-swap": [{"seconds": s, "read_wait": 1.0, "update": 0.5, "write_wait": 1.0} for s in peer_s],
+        # serial floor: 1 s read + 1 s write of 1 GB (bandwidth floor 2 s x bandwidth_off), stream floor 2 s
+        "floor-serial 8.00 MiBx4": [{"seconds": 2.0 * bandwidth_off, "read_s": bandwidth_off,
+                                     "write_s": bandwidth_off}] * 3,
+        "floor-stream 8.00 MiBx4": [{"seconds": 2.0, "read_s": float("nan"), "write_s": float("nan")}] * 3,
+    }
+    doc = step.summarize(results, numel=1000, disk_bytes=10**9)
+    doc["config"] = {"params": 1000, "durable": [True], "ram_budget": 100, "dir": "/x"}
+    doc["machine"] = {"cpu_model": "Test CPU", "cpus": 2, "cores_usable": 2, "torch": "2.x", "cpu_capability": "AVX2"}
+    return doc
+
+
+def test_bench_step_report_gives_each_ratio_as_the_verdict_uses_it_with_its_range():
+    from tierstore.cli.bench import step_report
+
+    doc = _step_document()
+    text = step_report.render(doc, step_report.verdicts(doc))
+    # One number per ratio: the median of per-round ratios (what the verdict judges), with its range;
+    # not a ratio of medians beside it.
+    assert "all in RAM: TieredAdamW's params/s / torch.optim.AdamW(fused=True)'s 0.94x (median of 3 per-round " \
+           "ratios, range 0.90-1.00)" in text
+    assert "as the median of per-round ratios" not in text
+    assert "DeepSpeed-style swapper's step / ours 1.50x (median of 3 per-round ratios, range 1.36-1.64)" in text
+    assert "step / I/O floor 1.10x (median of 3 per-round ratios, range 1.10-1.10)" in text
+    assert "FAIL  all in RAM" in text and "median 0.94x" in text  # the verdict's own number, against >= 0.95x
+
+
+def _captured_figure(monkeypatch, module):
+    figures = []
+
+    def keep(fig, path):
+        figures.append(fig)
+        return path
+
+    monkeypatch.setattr(module, "save_figure", keep)
+    return figures
+
+
+def test_bench_step_plot_draws_floors_within_5_percent_as_one_line(monkeypatch):
+    from tierstore.cli.bench import step_report
+
+    for off, lines in ((1.03, 1), (1.2, 2)):  # bandwidth floor 3% / 20% above the measured floor
+        figures = _captured_figure(monkeypatch, step_report)
+        step_report.plot(_step_document(bandwidth_off=off), "unused.png", title="t")
+        top = figures[0].axes[0]
+        floors = [line for line in top.get_lines() if "floor" in str(line.get_label())]
+        assert len(floors) == lines, off
+        if lines == 1:
+            assert "within 5%" in floors[0].get_label()
+
+
+def test_bench_step_plot_commit_wait_is_reddish_purple_and_parts_without_time_are_not_in_the_legend(monkeypatch):
+    from matplotlib.colors import to_hex
+
+    from tierstore.cli.bench import step_report
+    from tierstore.cli.bench.palette import OKABE_ITO
+
+    figures = _captured_figure(monkeypatch, step_report)
+    step_report.plot(_step_document(commit_wait=0.3), "unused.png", title="t")
+    bottom = figures[0].axes[1]
+    colours = {to_hex(p.get_facecolor()).upper() for p in bottom.patches}
+    assert OKABE_ITO["reddish purple"] in colours and OKABE_ITO["yellow"] not in colours
+    figures.clear()
+    step_report.plot(_step_document(commit_wait=0.0), "unused.png", title="t")
+    labels = [t.get_text() for t in figures[0].axes[1].get_legend().get_texts()]
+    assert step_report.SPLIT_LABELS["commit_wait"] not in labels and step_report.SPLIT_LABELS["update"] in labels
+
+
+@pytest.mark.parametrize(
+    ("heights", "moved"),
+    [([100.0, 104.0], True), ([100.0, 101.0, 103.0], True), ([10.0, 50.0], False), ([50.0, 10.0, 30.0], False)],
+)
+def test_bench_io_plot_value_labels_are_nudged_apart_only_where_they_would_overlap(heights, moved):
+    offsets = io_report.label_offsets(heights)
+    placed = sorted(h + o for h, o in zip(heights, offsets))
+    assert all(b - a >= io_report.LABEL_GAP_PT - 1e-6 for a, b in zip(placed, placed[1:]))
+    assert any(offsets) is moved

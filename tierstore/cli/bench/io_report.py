@@ -204,7 +204,7 @@ def render(result: dict[str, Any], kinds: Sequence[str], *, machine: dict[str, A
            verdict_list: Sequence[dict[str, Any]] | None = None) -> str:
     """The terminal report: hardware, the grid table, baselines, ratios with their spread, the verdicts."""
     s = result["summary"]
-    rounds = s.get("rounds", 1)
+    rounds = _rounds(result)
     lines = []
     if machine:
         lines.append(hardware_line(machine))
@@ -255,6 +255,11 @@ def render(result: dict[str, Any], kinds: Sequence[str], *, machine: dict[str, A
 
 
 # -- the plot ----------------------------------------------------------------------
+def _rounds(result: dict[str, Any]) -> int:
+    """Rounds of a result; a JSON from before the summary counted them gives its ``config.rounds``."""
+    return result["summary"].get("rounds") or result.get("config", {}).get("rounds") or 1
+
+
 def _curve(settings: Sequence[dict[str, Any]], kind: str, op: str) -> list[dict[str, Any]]:
     """Per request size, the setting (worker count) with the best median."""
     points: dict[int, dict[str, Any]] = {}
@@ -263,6 +268,51 @@ def _curve(settings: Sequence[dict[str, Any]], kind: str, op: str) -> list[dict[
         if row["kind"] == kind and row["op"] == op and row["GBps"] == row["GBps"] and better:
             points[row["request_bytes"]] = row
     return [points[x] for x in sorted(points)]
+
+
+LABEL_GAP_PT = 9.0  # the centres of two 7-point value labels at least this far apart
+
+
+def label_offsets(heights_pt: Sequence[float], *, gap: float = LABEL_GAP_PT) -> list[float]:
+    """Vertical nudges (points) that keep labels at ``heights_pt`` at least ``gap`` apart, in input order.
+
+    Labels are pushed apart from the middle of each crowded run, so a label
+    moves no further than it must.
+
+    Example
+    -------
+    >>> label_offsets([100.0, 104.0]), label_offsets([10.0, 50.0])
+    ([-2.5, 2.5], [0.0, 0.0])
+    """
+    order = sorted(range(len(heights_pt)), key=lambda i: heights_pt[i])
+    # Clusters of labels spaced ``gap`` apart, each centred on the mean of its labels' heights;
+    # a cluster that reaches into the one below joins it, until none overlap.
+    clusters: list[list[float]] = []  # each: [mean height, count]
+    for i in order:
+        clusters.append([heights_pt[i], 1])
+        while len(clusters) > 1:
+            (m0, n0), (m1, n1) = clusters[-2], clusters[-1]
+            if (m1 - (n1 - 1) * gap / 2) - (m0 + (n0 - 1) * gap / 2) >= gap - 1e-9:
+                break
+            clusters[-2:] = [[(m0 * n0 + m1 * n1) / (n0 + n1), n0 + n1]]
+    placed = [m + (k - (n - 1) / 2) * gap for m, n in clusters for k in range(n)]
+    out = [0.0] * len(heights_pt)
+    for rank, i in enumerate(order):
+        out[i] = placed[rank] - heights_pt[i]
+    return out
+
+
+def _label_lines(ax: Any, values: Sequence[float]) -> None:
+    """The value of each horizontal reference line at its right end, nudged apart where lines lie close
+    (the legend names the line, the label gives its height)."""
+    if not values:
+        return
+    bottom, top = ax.get_ylim()
+    height_pt = ax.bbox.height * 72.0 / ax.figure.dpi
+    heights = [(v - bottom) / (top - bottom) * height_pt for v in values]
+    for value, nudge in zip(values, label_offsets(heights)):
+        ax.annotate(f"{value:.2f}", xy=(1.0, value), xycoords=("axes fraction", "data"), xytext=(3, nudge),
+                    textcoords="offset points", va="center", fontsize=7, color="#555555")
 
 
 def plot(result: dict[str, Any], path: Path | str, *, kinds: Sequence[str], title: str) -> Path:
@@ -274,10 +324,11 @@ def plot(result: dict[str, Any], path: Path | str, *, kinds: Sequence[str], titl
     """
     fig, axes = new_figure(2, width=6.4, height=3.6, nrows=2, height_ratios=[3.0, 2.0])
     s = result["summary"]
-    rounds = s.get("rounds", 1)
+    rounds = _rounds(result)
     sizes = sorted({row["request_bytes"] for row in result["settings"] if row["kind"] in kinds})
     handles: dict[str, Any] = {}
     for ax, op in zip(axes[:2], OPS):
+        values: list[float] = []  # the reference lines' heights, labelled once the axis is scaled
         for i, kind in enumerate(kinds):
             pts = _curve(result["settings"], kind, op)
             if not pts:
@@ -294,9 +345,7 @@ def plot(result: dict[str, Any], path: Path | str, *, kinds: Sequence[str], titl
                                  (f"ddlike_{op}_GBps", ":", "the same in a Python loop")):
             if s.get(key):
                 handles[text] = ax.axhline(s[key], linestyle=style, color=OKABE_ITO["grey"], linewidth=1.5, zorder=2)
-                # The value at the line's right end: the legend names the line, the axis reads its height.
-                ax.annotate(f"{s[key]:.2f}", xy=(1.0, s[key]), xycoords=("axes fraction", "data"), xytext=(3, 0),
-                            textcoords="offset points", va="center", fontsize=7, color="#555555")
+                values.append(s[key])
         ax.set_xscale("log", base=2)
         if sizes:
             ax.set_xticks([x / MiB for x in sizes], [f"{x / MiB:g}" for x in sizes])
@@ -306,6 +355,7 @@ def plot(result: dict[str, Any], path: Path | str, *, kinds: Sequence[str], titl
         ax.set_title(f"sequential {op}s of the test file", fontsize=10)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3, zorder=0)
+        _label_lines(ax, values)
     bars = [
         ("writes into new blocks", s["allocation"]["fresh_blocks_GBps"], False, "fresh_blocks"),
         ("writes into fallocated blocks", s["allocation"]["fallocated_blocks_GBps"], False, "fallocated_blocks"),

@@ -33,6 +33,18 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h")
 LINESTYLES = ("-", "--", "-.", ":")
 
 
-def legend_below(ax: Any, *, ncol: int = 2, fontsize: float = 8) -> Any:
-    """Put ``ax``'s legend under the axes (and its x label), where it covers nothing."""
-    return ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol, fontsize=fontsize, frameon=False)
+BELOW_INCHES = 0.62  # tick labels and an x label take about this much under the axes
+
+
+def legend_below(ax: Any, *, ncol: int = 2, fontsize: float = 8, handles: Any = None, labels: Any = None) -> Any:
+    """Put ``ax``'s legend under the axes (and its x label), where it covers nothing.
+
+    The gap is a fixed distance in inches, not a share of the axes' height:
+    under a short panel a share would put the legend over the x label.
+    """
+    from matplotlib.transforms import offset_copy
+
+    below = offset_copy(ax.transAxes, fig=ax.figure, y=-BELOW_INCHES, units="inches")
+    args = () if handles is None else (handles, labels)
+    return ax.legend(*args, loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=below, ncol=ncol,
+                     fontsize=fontsize, frameon=False)

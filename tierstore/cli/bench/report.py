@@ -161,7 +161,9 @@ def hardware_line(info: dict[str, Any]) -> str:
     """
     from ...sizes import format_size
 
-    parts = [f"{info.get('cpu_model') or 'unknown CPU'}, {info.get('cpus')} cores ({info.get('cores_usable')} usable)"]
+    parts = [f"{info.get('cpu_model') or 'unknown CPU'}, {info.get('cpus')} cores"]
+    if info.get("cores_usable") is not None:  # (JSON from before it was recorded has none)
+        parts[0] += f" ({info['cores_usable']} usable)"
     if info.get("ram_bytes"):
         parts[0] += f", {format_size(info['ram_bytes'])} RAM"
     fs = info.get("filesystem")

@@ -596,6 +596,9 @@ def run(args: argparse.Namespace) -> int:
 def plot_title(document: dict[str, Any]) -> str:
     """The plot's title: size, budget, bytes on disk, where, and the durability of the disk runs."""
     cfg, s = document["config"], document["summary"]
+    head = f"tierstore bench step: {cfg['params']:.2g} fp32 params"
+    if not s.get("disk_bytes"):  # no disk run: a budget and a drive would describe nothing drawn
+        return f"{head}, all state in RAM"
     durable = {(True,): "durable", (False,): "not durable"}.get(tuple(cfg.get("durable", [True])), "durable and not")
-    return (f"tierstore bench step: {cfg['params']:.2g} fp32 params, ram_budget {format_size(cfg['ram_budget'])}, "
+    return (f"{head}, ram_budget {format_size(cfg['ram_budget'])}, "
             f"{format_size(s['disk_bytes'])} streamed each way per step ({cfg['dir']}; disk runs {durable})")

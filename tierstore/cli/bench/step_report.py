@@ -21,7 +21,7 @@ from typing import Any
 from ...sizes import format_size
 from .palette import OKABE_ITO, legend_below
 from .report import format_table, hardware_line, new_figure, save_figure
-from .verdict import Target, format_verdicts, judge
+from .verdict import Target, format_verdicts, judge, spread
 
 MiB = 1 << 20
 SPLIT_PARTS = ("read_wait", "update", "write_wait", "commit_wait")  # measured parts; "rest" is the remainder
@@ -40,9 +40,11 @@ SPLIT_LABELS = {
     "commit_wait": "waiting for a background commit",
     "rest": "rest of the step: gradients in, parameters out, starting a commit, bookkeeping",
 }
+# Okabe-Ito yellow is hard to see on white: the commit wait is reddish purple.
 SPLIT_COLOURS = {"read_wait": OKABE_ITO["sky blue"], "update": OKABE_ITO["bluish green"],
-                 "write_wait": OKABE_ITO["vermillion"], "commit_wait": OKABE_ITO["yellow"],
+                 "write_wait": OKABE_ITO["vermillion"], "commit_wait": OKABE_ITO["reddish purple"],
                  "rest": OKABE_ITO["grey"]}
+SAME_FLOOR = 0.05  # the bandwidth floor within 5% of the I/O floor is drawn as one line, not two
 
 
 def is_durable(name: str, entry: dict[str, Any]) -> bool:
@@ -143,6 +145,26 @@ def ratios(a: list[float], b: list[float]) -> list[float]:
     return [x / y for x, y in zip(a, b) if y > 0]
 
 
+def ratio_text(rounds: list[float] | None, fallback: float | None = None) -> str:
+    """A ratio as the verdicts use it: the median of per-round ratios with their range.
+
+    ``fallback`` (a ratio of medians) is shown only where no per-round ratios exist.
+
+    Example
+    -------
+    >>> ratio_text([1.1, 0.9, 1.3])
+    '1.10x (median of 3 per-round ratios, range 0.90-1.30)'
+    >>> ratio_text([1.2]), ratio_text(None, 0.95)
+    ('1.20x (one round)', '0.95x (ratio of medians; no per-round ratios)')
+    """
+    s = spread(rounds or [])
+    if s["repeats"] == 0:
+        return "-" if fallback is None else f"{fallback:.2f}x (ratio of medians; no per-round ratios)"
+    if s["repeats"] == 1:
+        return f"{s['median']:.2f}x (one round)"
+    return f"{s['median']:.2f}x (median of {s['repeats']} per-round ratios, range {s['min']:.2f}-{s['max']:.2f})"
+
+
 # -- targets and verdicts ---------------------------------------------------------
 def verdicts(document: dict[str, Any]) -> list[dict[str, Any]]:
     """Every target that applies to this run, judged (``document``: ``contenders``, ``summary``,
@@ -157,14 +179,10 @@ def verdicts(document: dict[str, Any]) -> list[dict[str, Any]]:
                                 "(= torch's step time / ours)", ">=", 0.95, source=SOURCE_RAM), rounds,
                          note=_scale_note(cfg, 5 * 10**7)))
     for name, d in s.get("disk", {}).items():
-        if "over_floor_rounds" not in d and "over_floor" in d:  # a JSON from before per-round ratios
-            floors = round_floors(per, s, disk_bytes=s["disk_bytes"], read_bytes=d.get("read_bytes", s["disk_bytes"]),
-                                  written_bytes=d.get("written_bytes", s["disk_bytes"]))
-            if floors:
-                d = {**d, "over_floor_rounds": ratios(per[name]["steps_s"], floors)}
-        if "over_floor_rounds" in d:
+        floor_rounds = over_floor_rounds(document, name)
+        if floor_rounds is not None:
             out.append(judge(Target(f"over_floor[{name}]", f"{name}: step time / I/O floor (its bytes moved, "
-                                    "no update)", "<=", 1.10, source=SOURCE_DISK), d["over_floor_rounds"],
+                                    "no update)", "<=", 1.10, source=SOURCE_DISK), floor_rounds,
                              note=_scale_note(cfg, 2 * 10**8)))
         if "peer_over_ours_rounds" in d or ("peer_over_ours" in d and "peer-pipelined-swap" in per):
             rounds = d.get("peer_over_ours_rounds") or [p / o for p, o in zip(per["peer-pipelined-swap"]["steps_s"],
@@ -196,6 +214,20 @@ def verdicts(document: dict[str, Any]) -> list[dict[str, Any]]:
                                     "page cache", "<=", 0, unit="B", source=SOURCE_DISK, min_repeats=1),
                              [f["state_file_cached_bytes"]], note="measured at the end of the run"))
     return out
+
+
+def over_floor_rounds(document: dict[str, Any], name: str) -> list[float] | None:
+    """Disk contender ``name``'s step / I/O floor, round by round (recomputed for a JSON from before
+    per-round ratios were kept); None where no floor ran."""
+    per, s = document["contenders"], document["summary"]
+    d = s.get("disk", {}).get(name, {})
+    if "over_floor_rounds" in d:
+        return d["over_floor_rounds"]
+    if "over_floor" not in d:
+        return None
+    floors = round_floors(per, s, disk_bytes=s["disk_bytes"], read_bytes=d.get("read_bytes", s["disk_bytes"]),
+                          written_bytes=d.get("written_bytes", s["disk_bytes"]))
+    return ratios(per[name]["steps_s"], floors) if floors else None
 
 
 def _scale_note(cfg: dict[str, Any], stated: int) -> str | None:
@@ -243,15 +275,15 @@ def render(document: dict[str, Any], verdict_list: list[dict[str, Any]]) -> str:
     lines = []
     if document.get("machine"):
         lines.append(hardware_line(document["machine"]))
-    lines.append(durability_line(document.get("config", {})))
+    if s.get("disk"):  # no disk run (--skip disk): nothing to say about durability
+        lines.append(durability_line(document.get("config", {})))
     lines.append(f"{rounds} timed rounds, each running every contender once in a rotating order (interleaved)")
     lines += [format_table(rows, columns), ""]
     lines.append(f"{s['params']:,} params; {format_size(s['disk_bytes'])} on disk, moved each way per step")
     if "ram_vs_torch" in s:
-        lines.append(
-            f"all in RAM: {s['ram_vs_torch']:.3f}x torch.optim.AdamW(fused=True) params/s, "
-            f"{s['ram_vs_torch_paired']:.3f}x as the median of per-round ratios"
-        )
+        rounds_ram = s.get("ram_vs_torch_rounds") or ratios(per["torch-fused"]["steps_s"], per["tierstore-ram"]["steps_s"])
+        lines.append(f"all in RAM: TieredAdamW's params/s / torch.optim.AdamW(fused=True)'s "
+                     f"{ratio_text(rounds_ram, s['ram_vs_torch'])}")
     if floor:
         lines.append(
             f"I/O floor {_fmt_s(floor)}: fastest raw {_fmt_s(s.get('floor_fastest_measured_seconds'))} "
@@ -259,20 +291,29 @@ def render(document: dict[str, Any], verdict_list: list[dict[str, Any]]) -> str:
             f"(read {s.get('raw_read_GBps', float('nan')):.2f} GB/s, write {s.get('raw_write_GBps', float('nan')):.2f} GB/s)"
         )
     for name, d in s.get("disk", {}).items():
-        parts = [f"{name}: {_fmt_s(d['step_s'])}"]
+        head = f"{name}: median step {_fmt_s(d['step_s'])}"
         if "over_floor" in d:
-            parts.append(f"{d['over_floor']:.2f}x floor, overlap efficiency {d['overlap_efficiency']:.2f}")
+            head += (f"; step / I/O floor {ratio_text(over_floor_rounds(document, name), d['over_floor'])}; "
+                     f"overlap efficiency (floor / median step) {d['overlap_efficiency']:.2f}")
         if "update_hidden_fraction" in d:
-            parts.append(f"update hidden {d['update_hidden_fraction']:.0%}")
+            head += f", update hidden {d['update_hidden_fraction']:.0%}"
+        lines.append(head)
+        parts = []
         if "peer_over_ours" in d:
-            parts.append(f"peer / ours {d['peer_over_ours']:.2f}x")
+            peer_rounds = d.get("peer_over_ours_rounds")
+            if peer_rounds is None and "peer-pipelined-swap" in per:  # a JSON from before per-round ratios
+                peer_rounds = ratios(per["peer-pipelined-swap"]["steps_s"], per[name]["steps_s"])
+            parts.append(f"DeepSpeed-style swapper's step / ours {ratio_text(peer_rounds, d['peer_over_ours'])}")
         if "vs_float32_paired" in d:
-            parts.append(f"{d['vs_float32_paired']:.2f}x float32's step (paired)")
+            parts.append(f"step / float32's {ratio_text(d.get('vs_float32_rounds'), d['vs_float32_paired'])}")
         if "vs_not_durable_paired" in d:
-            parts.append(f"{d['vs_not_durable_paired']:.2f}x durable=False's step (paired)")
-        lines.append(", ".join(parts))
+            parts.append(f"step / durable=False's "
+                         f"{ratio_text(d.get('vs_not_durable_rounds'), d['vs_not_durable_paired'])}")
+        lines += [f"  {p}" for p in parts]
         if "split_s" in d:
-            split = ", ".join(f"{k.replace('_', ' ')} {v:.3f} s" for k, v in d["split_s"].items())
+            # "other" is what JSON kept from before the remainder was named "rest" calls it.
+            split = ", ".join(f"{'rest' if k == 'other' else k.replace('_', ' ')} {v:.3f} s"
+                              for k, v in d["split_s"].items())
             lines.append(f"  split: {split}; shards read {d.get('reads')}, still in RAM from the last step "
                          f"{d.get('cache_hits')}")
     if any("split_s" in d for d in s.get("disk", {}).values()):
@@ -312,9 +353,12 @@ def plot(document: dict[str, Any], path: Path | str, *, title: str) -> Path:
     floor, bandwidth = s.get("floor_seconds"), s.get("floor_bandwidth_seconds")
     refs = []
     if floor:
-        same = bandwidth and abs(bandwidth - floor) <= 0.01 * floor
+        # Two lines a few pixels apart read as one smudge: within 5%, one line names both.
+        same = bandwidth and abs(bandwidth - floor) <= SAME_FLOOR * floor
+        both = f" (the bandwidth floor, {bandwidth:.3g} s, is within 5%)" if same and bandwidth != floor else \
+            (" (= the bandwidth floor)" if same else "")
         refs.append((floor, "-", f"I/O floor {floor:.3g} s: the fastest way found to read and write the same bytes "
-                     "with no update" + (" (= the bandwidth floor)" if same else "")))
+                     "with no update" + both))
         if bandwidth and not same:
             refs.append((bandwidth, ":", f"bandwidth floor {bandwidth:.3g} s: bytes / read GB/s + bytes / write GB/s "
                          "(raw I/O, same run)"))
@@ -324,7 +368,10 @@ def plot(document: dict[str, Any], path: Path | str, *, title: str) -> Path:
     top.set_xlabel("seconds per step (bar: median over rounds; whisker: min to max)")
     top.set_title("step time per contender", fontsize=10)
     split_labels = [label(n, per[n]) for n in split_names]
-    keys = [k for k in SPLIT_LABELS if k == "rest" or any(k in per[n] for n in split_names)]
+    # Parts no contender spent time in (an all-in-RAM step's read wait) would only lengthen the legend.
+    splits = [split_of(per[n]) for n in split_names]
+    tallest = max((sum(sp.values()) for sp in splits), default=0.0)
+    keys = [k for k in SPLIT_LABELS if any(sp.get(k, 0.0) > 0.005 * tallest for sp in splits)]
     left = [0.0] * len(split_names)
     for key in keys:
         values = [split_of(per[n]).get(key, 0.0) for n in split_names]

@@ -52,8 +52,9 @@ class Target:
     """A stated claim: ``value <op> bound`` in ``unit``, and where the project states it.
 
     ``unit`` is ``"x"`` for ratios, ``"s"`` for seconds, ``"B"`` for bytes
-    (printed as sizes); ``min_repeats`` is how many repeats a verdict needs
-    (1 for a single measurement such as a peak RSS).
+    (printed as sizes), ``"%"`` for signed percentages; ``min_repeats`` is
+    how many repeats a verdict needs (1 for a single measurement such as a
+    peak RSS); ``more`` says how to get more repeats (the benchmark's flag).
     """
 
     key: str
@@ -63,6 +64,7 @@ class Target:
     unit: str = "x"
     source: str = ""
     min_repeats: int = MIN_REPEATS
+    more: str = "raise --steps or --rounds"
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -73,13 +75,15 @@ class Target:
         return f"{self.op} {_value(self.bound, self.unit)}"
 
 
-def _value(v: float, unit: str) -> str:
+def _value(v: float, unit: str, digits: int = 2) -> str:
     if unit == "B":
         from ...sizes import format_size
 
         return format_size(int(v)) if v >= 0 else "-" + format_size(int(-v))
     if unit == "x":
-        return f"{v:.2f}x" if v != int(v) else f"{v:g}x"
+        return f"{v:.{digits}f}x" if v != int(v) else f"{v:g}x"
+    if unit == "%":
+        return f"{v:+.2f}%" if v != int(v) else f"{v:+g}%"
     return f"{v:.3g} {unit}"
 
 
@@ -123,7 +127,7 @@ def judge(target: Target, samples: Sequence[float], *, note: str | None = None) 
     elif s["repeats"] < target.min_repeats:
         verdict = "UNDECIDED"
         why = (f"{s['repeats']} repeat(s); a verdict needs at least {target.min_repeats} interleaved repeats "
-               "(raise --steps or --rounds)")
+               f"({target.more})")
     else:
         verdict = "PASS" if meets(s["median"], target.bound) else "FAIL"
         why = f"median {_value(s['median'], target.unit)} {'meets' if verdict == 'PASS' else 'misses'} {target.text()}"
@@ -152,7 +156,8 @@ def format_verdict(v: dict[str, Any]) -> str:
         measured = f"{_value(v['median'], unit)} (one measurement)"
     else:
         cross = "; the range crosses the target" if v["spread_crosses_target"] else ""
-        measured = (f"median {_value(v['median'], unit)} (range {_range(v['min'], v['max'], unit)}, "
+        measured = (f"median {_value(v['median'], unit, _digits(v['median'], t['bound']))} "
+                    f"(range {_range(v['min'], v['max'], unit)}, "
                     f"IQR {_range(v['q1'], v['q3'], unit)} over {v['repeats']} repeats{cross})")
     line = f"{v['verdict']:<5} {t['what']}: {measured}; target {t['text']}"
     if t["source"]:
@@ -164,9 +169,25 @@ def format_verdict(v: dict[str, Any]) -> str:
     return line
 
 
+def _digits(value: float, bound: float) -> int:
+    """Decimals that tell ``value`` from ``bound`` (a median of 1.004 against <= 1 prints 1.004x, not 1.00x).
+
+    Example
+    -------
+    >>> _digits(1.004, 1.0), _digits(1.2, 1.0)
+    (3, 2)
+    """
+    digits = 2
+    while digits < 4 and value != bound and f"{value:.{digits}f}" == f"{bound:.{digits}f}":
+        digits += 1
+    return digits
+
+
 def _range(lo: float, hi: float, unit: str) -> str:
     if unit == "x":
         return f"{lo:.2f}-{hi:.2f}"
+    if unit == "%":  # signed: "-2.15% to +0.60%" (a dash between them would read as a minus)
+        return f"{lo:+.2f}% to {hi:+.2f}%"
     return f"{_value(lo, unit)}-{_value(hi, unit)}"
 
 
