@@ -377,3 +377,80 @@ def test_the_kernel_is_clean_under_address_sanitizer(tmp_path, broken):
     else:
         assert done.returncode == 0 and "AddressSanitizer" not in done.stderr, done.stderr[-3000:]
         assert done.stdout.strip().endswith("clean")
+
+
+# -- the library's name: a hash of source, compiler and flags ------------------------------------
+
+
+def _fake_cc(path: Path, version: str) -> list[str]:
+    """A 'compiler' that only answers ``--version`` (build_tag runs nothing else)."""
+    path.write_text(f"#!/bin/sh\necho '{version}'\necho 'second line, ignored'\n")
+    path.chmod(0o755)
+    return [str(path)]
+
+
+def test_the_library_name_changes_with_the_compiler_its_version_and_the_flags(tmp_path, monkeypatch):
+    source = native._source()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    cc = _fake_cc(tmp_path / "a" / "cc", "cc (Fake) 12.2.0")
+    tag = native.build_tag(cc, source)
+    assert len(tag) == 16 and int(tag, 16) >= 0
+    assert native.build_tag(cc, source) == tag, "the same inputs must name the same library"
+    assert native.build_tag(list(cc), bytes(source)) == tag
+    other_path = _fake_cc(tmp_path / "b" / "cc", "cc (Fake) 12.2.0")  # same version, another compiler
+    assert native.build_tag(other_path, source) != tag
+    assert native.build_tag([*cc, "-m32"], source) != tag  # the command line is the compiler too
+    _fake_cc(tmp_path / "a" / "cc", "cc (Fake) 12.3.0")  # upgraded in place: same path, new version
+    assert native.build_tag(cc, source) != tag
+    _fake_cc(tmp_path / "a" / "cc", "cc (Fake) 12.2.0")
+    assert native.build_tag(cc, source) == tag, "back to the first compiler: its name again"
+    monkeypatch.setattr(native, "FLAGS", (*native.FLAGS, "-ffast-math"))
+    assert native.build_tag(cc, source) != tag
+    monkeypatch.undo()
+    assert native.build_tag(cc, source + b"\n") != tag
+
+
+# -- the library built at install: who may have written it --------------------------------------
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+@pytest.mark.parametrize("how", ["other owner", "group-writable", "other-writable"])
+def test_an_installed_library_another_user_could_have_written_is_not_loaded(fresh, prebuilt, copying_cc, monkeypatch,
+                                                                             how):  # fmt: skip
+    (fresh / "pkg").mkdir()
+    planted = fresh / "pkg" / "_codec_kernel.so"
+    shutil.copy(prebuilt, planted)  # the real kernel: only its owner and mode make it unsafe
+    planted.chmod(0o755)
+    if how == "other owner":
+        if os.getuid() != 0:
+            pytest.skip("needs root to give a file another owner")
+        os.chown(planted, 1, -1)  # uid 1 (daemon): neither this user nor root
+    elif how == "group-writable":
+        planted.chmod(0o775)
+    else:
+        planted.chmod(0o757)
+    monkeypatch.setattr(native, "installed_path", lambda: planted)
+    loaded = []
+    real = native._open
+    monkeypatch.setattr(native, "_open", lambda path, source: (loaded.append(path), real(path, source))[1])
+    k = native.library()
+    assert planted not in loaded, f"the installed library ({how}) was loaded"
+    assert k is not None and k.path.parent == fresh / "cache" and "built on first use" in native.status(), native.status()
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+def test_where_a_compiler_is_present_the_install_built_the_library_and_it_is_used(tmp_path):
+    """pip install (setup.py's optional extension) built the kernel here, and a fresh process loads that
+    build without compiling anything (a process of its own: the other tests' ``fresh`` hides the install)."""
+    assert native.installed_path() is not None, (
+        "a C compiler is on this machine but the package holds no tierstore/_compute/_codec_kernel*.so: the "
+        "install did not build it (reinstall with `pip install -e .` and read its output)"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERSTORE_")}
+    env["TIERSTORE_CACHE_DIR"] = str(tmp_path / "cache")
+    code = "from tierstore._compute import native; k = native.library(); print(native.status())"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+    status = done.stdout.strip()
+    assert status.startswith(f"compiled kernel {native.installed_path()} (built at install"), status
+    assert not (tmp_path / "cache").exists(), "a first-use build ran although the install built the kernel"
