@@ -5,6 +5,7 @@ No benchmark runs here: the rounds are made up, so each test takes milliseconds.
 
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -196,3 +197,54 @@ def test_bench_io_plot_value_labels_are_nudged_apart_only_where_they_would_overl
     placed = sorted(h + o for h, o in zip(heights, offsets))
     assert all(b - a >= io_report.LABEL_GAP_PT - 1e-6 for a, b in zip(placed, placed[1:]))
     assert any(offsets) is moved
+
+
+# -- bench/overlap.py: the step behind the loop --------------------------------------
+def _overlap_doc(attached, unattached, *, ram_budget=None):
+    # F + B + S - 0.7 H = 1.0 + 1.0 + 0.5 - 0.7 x 0.5 = 2.15 s
+    return {"config": {"ram_budget": ram_budget, "block": 3}, "phases": {"F": 1.0, "B": 1.0, "S": 0.5, "H": 0.5},
+            "summary": {"target_s": 2.15}, "per_round_s": {"attached": attached, "unattached": unattached}}
+
+
+@pytest.mark.parametrize(
+    ("attached", "unattached", "verdicts"),
+    [
+        ([2.0, 2.1, 2.05], [2.1, 2.2, 2.1], ["PASS", "PASS"]),  # within 2.15 s, and faster than unattached
+        ([2.3, 2.0, 2.2], [2.1, 2.1, 2.1], ["FAIL", "FAIL"]),  # median 2.2 s > 2.15 s; 1.05x > 1.00x
+        ([2.0, 2.0], [2.1, 2.1], ["UNDECIDED", "UNDECIDED"]),  # two rounds: too few
+    ],
+)
+def test_overlap_judges_attached_time_and_ratio_round_by_round(attached, unattached, verdicts):
+    from tierstore.cli.bench import overlap
+
+    found = overlap.verdicts(_overlap_doc(attached, unattached))
+    assert [v["key"] for v in found] == ["attached_within_target", "attached_vs_unattached"]
+    assert [v["verdict"] for v in found] == verdicts
+    assert found[1]["samples"] == pytest.approx([a / u for a, u in zip(attached, unattached)])
+    streamed = overlap.verdicts(_overlap_doc(attached, unattached, ram_budget=1 << 20))
+    assert [v["key"] for v in streamed] == ["attached_within_target"]  # the ratio is stated for all-in-RAM only
+
+
+def test_overlap_json_from_before_per_round_times_is_judged_per_round():
+    from tierstore.cli.bench import overlap
+
+    doc = _overlap_doc([], [])
+    del doc["per_round_s"]
+    doc["iterations"] = {"attached": [2.0, 2.2, 2.1, 2.1, 2.0, 2.0], "unattached": [2.1] * 6}  # block 3: 2 counted
+    assert overlap.rounds_of(doc)["attached"] == pytest.approx([2.1, 2.1, 2.0])
+    assert overlap.verdicts(doc)[0]["verdict"] == "PASS"
+
+
+def test_overlap_script_prints_hardware_spread_and_verdicts_and_writes_them(tmp_path, capsys):
+    from tierstore.cli.bench import overlap
+
+    out = tmp_path / "o.json"
+    rc = overlap.main(["--layers", "1", "--width", "256", "--batch", "2", "--rounds", "2", "--block", "2",
+                       "--ram-budget", "none", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert text.startswith("hardware: ") and "2 interleaved rounds" in text and "(range " in text
+    assert "targets: 2 UNDECIDED" in text and "at least 3 interleaved repeats" in text
+    doc = json.loads(out.read_text())
+    assert doc["verdict"] == "UNDECIDED" and doc["hardware"].startswith("hardware: ")
+    assert len(doc["per_round_s"]["attached"]) == 2 and len(doc["summary"]["attached_vs_unattached_rounds"]) == 2
