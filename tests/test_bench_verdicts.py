@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from tierstore.cli.bench import io_report
 from tierstore.cli.bench.verdict import Target, format_verdict, format_verdicts, judge, overall
 
+ROOT = Path(__file__).resolve().parent.parent
 TARGET = Target("direct_vs_raw[read]", "reads: direct / raw", ">=", 0.9, source="README.md (Performance)")
 
 
@@ -248,3 +250,86 @@ def test_overlap_script_prints_hardware_spread_and_verdicts_and_writes_them(tmp_
     doc = json.loads(out.read_text())
     assert doc["verdict"] == "UNDECIDED" and doc["hardware"].startswith("hardware: ")
     assert len(doc["per_round_s"]["attached"]) == 2 and len(doc["summary"]["attached_vs_unattached_rounds"]) == 2
+
+
+# -- bench/convergence.py: final eval loss per format, one repeat per batch seed ------------
+def _convergence(finals_by_seed):
+    """Results of the demo model, one run per seed: {seed: {contender: final eval loss}} (fp32 at 2.0)."""
+    from tierstore.cli.bench import convergence
+
+    models = {}
+    for seed, finals in finals_by_seed.items():
+        contenders = {name: {"final_eval": f, "best_eval": f, "eval": [(1, 2.5), (2, f)], "optimizer_seconds": 1.0}
+                      for name, f in {"torch-adamw-fp32": 2.0, **finals}.items()}
+        run = {"params": 1000, "batch_size": 2, "context": 8, "batch_seed": seed, "contenders": contenders}
+        convergence.relative_to_baseline(run)
+        models["demo" if seed == 0 else f"demo@seed{seed}"] = run
+    return {"models": models}
+
+
+@pytest.mark.parametrize(
+    ("int8_finals", "verdict"),
+    [
+        ([2.01, 2.03, 1.98], "PASS"),  # +0.5%, +1.5%, -1%: median +0.5% <= +1%
+        ([2.01, 2.03, 2.04], "FAIL"),  # median +1.5%
+        ([2.01, 2.01], "UNDECIDED"),  # two seeds
+    ],
+)
+def test_convergence_judges_each_format_on_the_median_over_batch_seeds(int8_finals, verdict):
+    from tierstore.cli.bench import convergence
+
+    results = _convergence({seed: {"ours-int8": f, "ours-bfloat16": 1.9} for seed, f in enumerate(int8_finals)})
+    found = {v["key"]: v for v in convergence.verdicts(results)}
+    assert set(found) == {"final_vs_fp32[demo/bfloat16]", "final_vs_fp32[demo/int8]"}
+    v = found["final_vs_fp32[demo/int8]"]
+    assert v["verdict"] == verdict and v["samples"] == pytest.approx([100 * (f / 2.0 - 1) for f in int8_finals])
+    assert found["final_vs_fp32[demo/bfloat16]"]["verdict"] == ("UNDECIDED" if len(int8_finals) < 3 else "PASS")
+    if verdict == "UNDECIDED":
+        assert "--seeds" in format_verdict(v)
+
+
+def test_convergence_labels_are_plain_words():
+    from tierstore.cli.bench import convergence
+
+    for name in [*convergence.STYLES, "ours-bfloat16-nearest"]:
+        text = convergence.contender_label(name)
+        assert not any(word in text for word in ("ours-", "bnb", "adamw8bit", "-raw", "fp32-")), text
+
+
+def test_convergence_plot_puts_every_legend_below_its_axes(tmp_path, monkeypatch):
+    from tierstore.cli.bench import convergence, report
+
+    figures = []
+    monkeypatch.setattr(report, "save_figure", lambda fig, path: figures.append(fig) or path)
+    results = _convergence({0: {"ours-int8": 2.01, "bnb-adamw8bit": 2.05}, 1: {"ours-int8": 2.02}})
+    convergence.plot(results, str(tmp_path / "c.png"))
+    fig = figures[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        assert legend is not None
+        assert legend.get_window_extent(renderer).y1 <= ax.get_window_extent(renderer).y0  # below, over no data
+        assert ax.get_xlabel() and ("%" in ax.get_xlabel() or "step" in ax.get_xlabel())
+
+
+def test_convergence_script_merges_runs_and_writes_its_verdicts(tmp_path, capsys):
+    import importlib.util
+
+    parts = []
+    for seed, finals in enumerate([2.01, 2.03, 1.98]):
+        path = tmp_path / f"seed{seed}.json"
+        doc = _convergence({seed: {"ours-int8": finals, "ours-bfloat16": 1.99}})
+        doc["machine"] = {"cpu_model": "Test CPU", "cpus": 2, "torch": "2.x"}
+        path.write_text(json.dumps(doc))
+        parts.append(str(path))
+    spec = importlib.util.spec_from_file_location("bench_convergence", ROOT / "bench" / "convergence.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "all.json"
+    assert script.main(["--merge", *parts, "--json", str(out), "--plot", str(tmp_path / "all.png")]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["verdict"] == "PASS" and {v["repeats"] for v in doc["verdicts"]} == {3}
+    text = capsys.readouterr().out
+    assert text.startswith("hardware: Test CPU") and "targets: 2 PASS" in text and "range +0.50% to" not in text
+    assert (tmp_path / "all.png").read_bytes()[:4] == b"\x89PNG"
