@@ -333,3 +333,24 @@ def test_convergence_script_merges_runs_and_writes_its_verdicts(tmp_path, capsys
     text = capsys.readouterr().out
     assert text.startswith("hardware: Test CPU") and "targets: 2 PASS" in text and "range +0.50% to" not in text
     assert (tmp_path / "all.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# -- bench/durability.py: durable=True in a training loop vs durable=False -------------------
+@pytest.mark.parametrize(
+    ("auto", "verdict"),
+    [([1.0, 1.04, 1.02, 1.2], "PASS"), ([1.0, 1.08, 1.07], "FAIL"), ([1.0, 1.0], "UNDECIDED")],
+)
+def test_durability_judges_durable_over_not_durable_round_by_round(auto, verdict):
+    from tierstore.cli.bench import durability
+
+    rounds = {n: [1.0] * len(auto) for n in durability.CONTENDERS} | {"durable-auto": auto}
+    doc = {"config": {"params": 1000, "state_bytes": 8000, "rounds": len(auto), "block": 3},
+           "calibration": {"state_write_s": 0.1, "compute_s": 0.12, "compute_reps": 3},
+           "contenders": [{"contender": n, "iteration_s": 1.0} for n in durability.CONTENDERS],
+           "per_round_s": rounds,
+           "machine": {"cpu_model": "Test CPU", "cpus": 2, "torch": "2.x"}}
+    (v,) = durability.verdicts(doc)
+    assert v["verdict"] == verdict and v["samples"] == pytest.approx(auto) and v["target"]["bound"] == 1.05
+    text = durability.render(doc)
+    assert text.startswith("hardware: Test CPU") and f"{verdict:<5} all in RAM" in text
+    assert f"durable-auto / not-durable: {v['median']:.3f}x (median of {len(auto)} per-round ratios" in text

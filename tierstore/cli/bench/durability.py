@@ -17,10 +17,13 @@ in the steady rhythm of commits):
 - ``no-state-dir``: ``TieredAdamW`` without a ``state_dir``;
 - ``torch-fused``: ``torch.optim.AdamW(fused=True)``.
 
-Reported: median iteration time and its ratio to ``not-durable`` (the target:
-``durable-auto`` <= 1.05), commits per step, the lag, and the bytes written
-to the drive per step: once per commit with background commits, against the
-state's size (what writing every resident shard every step cost).
+Reported: median iteration time and its ratio to ``not-durable``, commits
+per step, the lag, and the bytes written to the drive per step: once per
+commit with background commits, against the state's size (what writing every
+resident shard every step cost). The target (``README.md``, Performance):
+``durable-auto`` / ``not-durable`` <= 1.05, each round's ratio of medians a
+repeat; PASS/FAIL on their median, UNDECIDED with fewer than three rounds.
+The report starts with the hardware line.
 
 Example
 -------
@@ -36,6 +39,7 @@ import argparse
 import gc
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -45,15 +49,19 @@ import torch
 
 from ...sizes import format_size
 from . import workload
-from .report import format_table, machine_info, median, write_json
+from .report import format_table, hardware_line, machine_info, median, write_json
+from .verdict import MIN_REPEATS, Target, format_verdicts, judge, overall, spread
 
 CONTENDERS = ("durable-auto", "durable-every-step", "not-durable", "no-state-dir", "torch-fused")
+SOURCE = "README.md, Performance (durable / durable=False, all in RAM)"
+DURABLE_OVER_NOT = 1.05  # durable-auto's iteration at most this many times not-durable's
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``bench/durability.py``."""
     parser.add_argument("--params", default="5e7", help="fp32 parameters (default 5e7: 400 MB of state)")
-    parser.add_argument("--rounds", type=int, default=10, help="timed rounds (default 10)")
+    parser.add_argument("--rounds", type=int, default=10,
+                        help=f"timed rounds (default 10; a verdict needs at least {MIN_REPEATS})")
     parser.add_argument("--block", type=int, default=3, help="iterations per contender per round (default 3)")
     parser.add_argument(
         "--compute-share", type=float, default=1.2,
@@ -169,6 +177,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     base = median(times["not-durable"])
+    ratios = [rnd["durable-auto"] / rnd["not-durable"] for rnd in per_round]
     rows = []
     for name in CONTENDERS:
         t = median(times[name])
@@ -181,8 +190,9 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             row["lag_mean"] = statistics.mean(lags[name])
             row["lag_max"] = max(lags[name])
         rows.append(row)
-    return {
+    result = {
         "tool": "bench durability",
+        "argv": sys.argv,
         "machine": machine_info(args.dir),
         "config": {
             "params": numel,
@@ -194,18 +204,50 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "calibration": {"state_write_s": write_s, "compute_s": compute_s, "compute_reps": compute.reps},
         "contenders": rows,
         "iterations": times,
+        "per_round_s": {n: [rnd[n] for rnd in per_round] for n in CONTENDERS},
         "summary": {
             "durable_auto_vs_not_durable": median(times["durable-auto"]) / base,
             "durable_auto_vs_not_durable_paired": rows[0]["vs_not_durable_paired"],
+            "durable_auto_vs_not_durable_rounds": ratios,
             "durable_every_step_vs_not_durable": median(times["durable-every-step"]) / base,
             "every_step_lag_max": max(lags["durable-every-step"], default=None),
             "auto_drive_bytes_per_step": rows[0].get("drive_bytes_per_step"),
             "state_bytes": state,
         },
     }
+    result["verdicts"] = verdicts(result)
+    result["verdict"] = overall(result["verdicts"])
+    result["hardware"] = hardware_line(result["machine"])
+    return result
+
+
+def rounds_of(result: dict[str, Any]) -> dict[str, list[float]]:
+    """Each round's median iteration per contender (recomputed from ``iterations`` for a JSON from
+    before ``per_round_s`` was kept: every round counted ``block - 1`` iterations per contender)."""
+    if "per_round_s" in result:
+        return result["per_round_s"]
+    k = max(1, result["config"]["block"] - 1)
+    return {name: [median(v[i:i + k]) for i in range(0, len(v), k)] for name, v in result["iterations"].items()}
+
+
+def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """durable-auto / not-durable per round against <= 1.05 (the README's target).
+
+    Example
+    -------
+    >>> doc = {"per_round_s": {"durable-auto": [1.0, 1.1, 1.02], "not-durable": [1.0, 1.0, 1.0]}}
+    >>> [(v["verdict"], round(v["median"], 2)) for v in verdicts(doc)]
+    [('PASS', 1.02)]
+    """
+    rounds = rounds_of(result)
+    ratios = [a / b for a, b in zip(rounds["durable-auto"], rounds["not-durable"]) if b > 0]
+    return [judge(Target("durable_auto_vs_not_durable", "all in RAM, a training loop with commits in the background: "
+                         "iteration with durable=True (commit_every='auto') / durable=False's (round by round)",
+                         "<=", DURABLE_OVER_NOT, source=SOURCE), ratios)]
 
 
 def render(result: dict[str, Any]) -> str:
+    """The terminal report: hardware, calibration, the table, the ratio's spread over rounds, the verdicts."""
     cal = result["calibration"]
     head = (
         f"{result['config']['params']:,} fp32 params, state {format_size(result['config']['state_bytes'])} all in RAM; "
@@ -222,22 +264,33 @@ def render(result: dict[str, Any]) -> str:
         rows,
         [
             ("contender", "contender", "{}"),
-            ("iteration_s", "iteration s", "{:.3f}"),
-            ("vs_not_durable", "vs not-durable", "{:.3f}x"),
-            ("vs_not_durable_paired", "paired", "{:.3f}x"),
+            ("iteration_s", "median iteration s", "{:.3f}"),
             ("commits_per_step", "commits/step", "{:.2f}"),
             ("drive", "drive bytes/step", "{}"),
             ("lag_mean", "lag mean", "{:.2f}"),
             ("lag_max", "lag max", "{}"),
         ],
     )
-    return f"{head}\n{table}"
+    rounds = rounds_of(result)
+    lines = [hardware_line(result["machine"])] if result.get("machine") else []
+    lines += [head, f"{len(rounds['not-durable'])} interleaved rounds of {result['config']['block']} iterations per "
+              "contender (the first of each block not counted)", table, "each against not-durable, as the target judges it:"]
+    for name in CONTENDERS:
+        if name != "not-durable" and rounds.get(name):
+            sp = spread([a / b for a, b in zip(rounds[name], rounds["not-durable"]) if b > 0])
+            lines.append(f"  {name} / not-durable: {sp['median']:.3f}x (median of {sp['repeats']} per-round ratios, "
+                         f"range {sp['min']:.3f}-{sp['max']:.3f})")
+    lines += ["", format_verdicts(verdicts(result))]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.rounds < 1 or args.block < 2:
+        parser.error(f"--rounds {args.rounds} --block {args.block}: need --rounds >= 1 and --block >= 2 "
+                     "(the first iteration of each block is not counted)")
     result = run_benchmark(args)
     print(render(result))
     if args.json:
