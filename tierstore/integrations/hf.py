@@ -42,33 +42,17 @@ from transformers.trainer_callback import TrainerCallback
 from transformers.trainer_pt_utils import reissue_pt_warnings
 
 from ..errors import CorruptStateError
-from .snapshot import has_trainer_snapshot, load_trainer_snapshot, save_trainer_snapshot
+from .snapshot import (
+    has_trainer_snapshot,
+    load_trainer_snapshot,
+    save_trainer_snapshot,
+    tiered_optimizer,
+)
 from .torch_file import TORCH_OPTIMIZER_NAMES, load_torch_optimizer_file
 
 __all__ = ["TieredTrainer", "CloseTieredOptimizer", "tiered_optimizer", "param_groups"]
 
 log = logging.getLogger(__name__)
-
-
-def tiered_optimizer(optimizer: Any) -> Any:
-    """The ``TieredAdamW`` inside ``optimizer`` (accelerate's and Lightning's wrappers unwrapped), or ``None``.
-
-    Example
-    -------
-    >>> import torch
-    >>> tiered_optimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)) is None
-    True
-    """
-    # The front, imported on use so that importing this module stays light.
-    from ..optimizer import TieredAdamW
-
-    seen = 0
-    while optimizer is not None and seen < 8:  # AcceleratedOptimizer(.optimizer) and the like
-        if isinstance(optimizer, TieredAdamW):
-            return optimizer
-        optimizer = getattr(optimizer, "optimizer", None)
-        seen += 1
-    return None
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:

@@ -78,6 +78,7 @@ __all__ = [
     "has_trainer_snapshot",
     "snapshot_nbytes",
     "check_trainer_checkpoints",
+    "tiered_optimizer",
 ]
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,32 @@ class Finding:
         return f"{self.kind}: {self.message}"
 
 
+def tiered_optimizer(optimizer: Any) -> Any:
+    """The ``TieredAdamW`` inside ``optimizer`` (accelerate's and Lightning's wrappers unwrapped), or ``None``.
+
+    Example
+    -------
+    >>> import torch
+    >>> tiered_optimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)) is None
+    True
+    """
+    # The front, imported on use so that importing this module stays light.
+    from ..optimizer import TieredAdamW
+
+    seen = 0
+    while optimizer is not None and seen < 8:
+        # Lightning's LightningOptimizer derives from the optimizer's class and copies its __dict__:
+        # it passes isinstance, so the optimizer it wraps (._optimizer) is taken first.
+        inner = getattr(optimizer, "_optimizer", None)
+        if isinstance(inner, TieredAdamW):
+            return inner
+        if isinstance(optimizer, TieredAdamW):
+            return optimizer
+        optimizer = getattr(optimizer, "optimizer", None)  # AcceleratedOptimizer(.optimizer) and the like
+        seen += 1
+    return None
+
+
 def _zarr_json_digest(snapshot: Path) -> str:
     # zarr.json holds the layout, steps and every chunk's checksum: its digest pins the whole snapshot.
     with open(snapshot / "zarr.json", "rb") as f:
@@ -129,7 +156,9 @@ def snapshot_nbytes(path: str | os.PathLike) -> int:
     return total
 
 
-def save_trainer_snapshot(opt: Any, checkpoint_dir: str | os.PathLike, *, checksum: str | None = "xxh3") -> Path:
+def save_trainer_snapshot(
+    opt: Any, checkpoint_dir: str | os.PathLike, *, checksum: str | None = "xxh3", owner: str | None = None
+) -> Path:
     """Write the optimizer's part of a trainer checkpoint into ``checkpoint_dir``; return the reference's path.
 
     Streams the state into ``checkpoint_dir/tierstore_optimizer.zarr``
@@ -147,6 +176,10 @@ def save_trainer_snapshot(opt: Any, checkpoint_dir: str | os.PathLike, *, checks
         The trainer's checkpoint folder (created if missing).
     checksum
         As :func:`~tierstore.checkpoint.save_checkpoint` (``"xxh3"`` by default).
+    owner
+        Where the trainer's checkpoint is a file beside the folder (Lightning's
+        ``x.ckpt`` and ``x.ckpt.tierstore/``), its name: once that file is
+        gone, :func:`check_trainer_checkpoints` names the folder an orphan.
 
     Raises
     ------
@@ -174,6 +207,8 @@ def save_trainer_snapshot(opt: Any, checkpoint_dir: str | os.PathLike, *, checks
         "snapshot_bytes": snapshot_nbytes(snapshot),
         "zarr_json_sha256": _zarr_json_digest(snapshot),
     }
+    if owner is not None:
+        reference["owner"] = owner
     path = folder / REFERENCE_NAME
     atomic_write(path, json.dumps(reference, indent=1).encode())
     log.info("saved the optimizer snapshot of step %d into %s", reference["step_count"], folder)
@@ -224,6 +259,9 @@ def read_reference(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
                 raise ValueError(f"{key} is {data.get(key)!r}")
         if data["snapshot"] != SNAPSHOT_NAME:
             raise ValueError(f"snapshot names {data['snapshot']!r}, not {SNAPSHOT_NAME!r}")
+        owner = data.get("owner")
+        if owner is not None and (not isinstance(owner, str) or owner in ("", ".", "..") or "/" in owner):
+            raise ValueError(f"owner is {owner!r}, not a file name")
     except (ValueError, UnicodeDecodeError) as exc:
         if isinstance(exc, FormatVersionError):
             raise
@@ -326,7 +364,14 @@ def check_trainer_checkpoints(path: str | os.PathLike, *, chunks: bool = True) -
         snapshot = folder / SNAPSHOT_NAME
         if has_trainer_snapshot(folder):
             try:
-                _checked_snapshot(folder)
+                reference, _ = _checked_snapshot(folder)
+                owner = reference.get("owner")
+                if owner is not None and not os.path.lexists(folder.parent / owner):
+                    size = snapshot_nbytes(folder)
+                    findings.append(Finding("orphan", str(folder), f"{folder} ({size} bytes) is the optimizer "
+                                            f"snapshot of {owner}, which is gone: nothing resumes from it; delete "
+                                            "it", size))  # fmt: skip
+                    continue
                 problems = verify_checkpoint(snapshot) if chunks else []
             except TierstoreError as exc:
                 findings.append(Finding("error", str(folder), str(exc)))

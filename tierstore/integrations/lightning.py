@@ -1,0 +1,238 @@
+"""PyTorch Lightning with ``TieredAdamW``: checkpoints by snapshot, resume within the budget.
+
+Lightning saves a checkpoint by building one dict (``dump_checkpoint``: the
+model's weights, the loops, and ``optimizer.state_dict()`` for every
+optimizer) and writing it with its ``CheckpointIO``. For a ``TieredAdamW``
+that dict would hold the whole state in RAM (12 bytes per parameter with
+masters). Add one callback, :class:`TieredCheckpoints`, and every
+checkpoint Lightning takes (``ModelCheckpoint`` with top-k, ``save_last``,
+``every_n_train_steps``; ``trainer.save_checkpoint``) keeps the optimizer
+beside the ``.ckpt`` file instead:
+
+- ``epoch=1-step=40.ckpt``: Lightning's file, as usual, whose
+  ``optimizer_states`` entry is a small reference (no tensors);
+- ``epoch=1-step=40.ckpt.tierstore/``: the snapshot, written by
+  :func:`tierstore.integrations.snapshot.save_trainer_snapshot` (a zarr
+  copy streamed through the optimizer's arena, within ``ram_budget``, a
+  checksum per chunk). Disk: the state's bytes once per checkpoint.
+
+Removing a checkpoint through Lightning (top-k rotation) removes its
+snapshot; ``trainer.fit(ckpt_path=...)`` loads it back shard by shard
+(checked: a missing or damaged snapshot is a ``CorruptStateError`` naming the
+checkpoint, never a fresh start). A ``.ckpt`` deleted by hand leaves its
+snapshot behind, and ``tierstore verify`` on the checkpoint folder names it
+as an orphan. ``last.ckpt`` as a link (``save_last="link"``) resolves to the
+checkpoint it points at. A ``.ckpt`` whose optimizer was saved by plain
+Lightning (a torch state dict) still loads, as Lightning loads it.
+
+When fit ends (``teardown``) the callback closes the optimizer: threads,
+files and the state directory's lock are released (``close_at_end=False``
+keeps it open, e.g. to save again after ``fit``).
+
+Example
+-------
+>>> import lightning
+>>> isinstance(TieredCheckpoints(), lightning.pytorch.Callback)
+True
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+
+from ..errors import ConfigError, CorruptStateError
+from .snapshot import (
+    has_trainer_snapshot,
+    load_trainer_snapshot,
+    save_trainer_snapshot,
+    tiered_optimizer,
+)
+
+__all__ = ["TieredCheckpoints", "SnapshotCheckpointIO", "SNAPSHOT_SUFFIX", "REFERENCE_KEY", "snapshot_folder"]
+
+log = logging.getLogger(__name__)
+
+#: The snapshot of ``x.ckpt`` lives in the folder ``x.ckpt.tierstore`` (``x.ckpt.tierstore-1`` for a second optimizer).
+SNAPSHOT_SUFFIX = ".tierstore"
+#: The key of the reference that stands in a checkpoint's ``optimizer_states`` for a ``TieredAdamW``.
+REFERENCE_KEY = "tierstore_snapshot"
+
+
+def snapshot_folder(ckpt_path: str | os.PathLike, index: int = 0) -> Path:
+    """The folder that holds the snapshot of optimizer ``index`` of the checkpoint file ``ckpt_path``.
+
+    Example
+    -------
+    >>> snapshot_folder("ckpt/epoch=0-step=3.ckpt").name, snapshot_folder("last.ckpt", 1).name
+    ('epoch=0-step=3.ckpt.tierstore', 'last.ckpt.tierstore-1')
+    """
+    path = Path(ckpt_path)
+    return path.with_name(path.name + SNAPSHOT_SUFFIX + (f"-{index}" if index else ""))
+
+
+class _Pending:
+    """Stands in ``optimizer_states`` between ``dump_checkpoint`` and the write, when the path is known."""
+
+    def __init__(self, optimizer: Any, index: int) -> None:
+        self.optimizer = optimizer
+        self.index = index
+
+    def __reduce__(self) -> Any:
+        # Reached only when a CheckpointIO other than SnapshotCheckpointIO writes the checkpoint.
+        raise ConfigError(
+            "a TieredAdamW checkpoint reference reached a CheckpointIO that is not tierstore's: pass "
+            "TieredCheckpoints() in Trainer(callbacks=...) and do not replace strategy.checkpoint_io after fit starts"
+        )
+
+
+class SnapshotCheckpointIO(CheckpointIO):
+    """A ``CheckpointIO`` that writes each ``TieredAdamW``'s snapshot beside the file ``inner`` writes.
+
+    Installed by :class:`TieredCheckpoints`; wraps the strategy's own
+    ``CheckpointIO`` (``TorchCheckpointIO`` by default), which still writes
+    and reads the ``.ckpt`` file itself.
+    """
+
+    def __init__(self, inner: CheckpointIO) -> None:
+        self.inner = inner
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        states = checkpoint.get("optimizer_states")
+        if isinstance(states, list) and any(isinstance(s, _Pending) for s in states):
+            checkpoint = dict(checkpoint)
+            checkpoint["optimizer_states"] = [self._write_snapshot(s, path) if isinstance(s, _Pending) else s for s in states]
+        self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
+
+    @staticmethod
+    def _write_snapshot(pending: _Pending, path: Any) -> dict[str, Any]:
+        folder = snapshot_folder(path, pending.index)
+        save_trainer_snapshot(pending.optimizer, folder, owner=Path(path).name)
+        # Plain values only: Lightning loads checkpoints with weights_only where it can.
+        return {REFERENCE_KEY: {"folder": folder.name, "step_count": int(pending.optimizer.step_count)}}
+
+    def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
+        checkpoint = self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        # A reference names its folder relative to the file it came from; a link (last.ckpt) points
+        # at the checkpoint whose snapshot it shares, so the folder is found beside the link's target.
+        home = Path(os.path.realpath(path)).parent
+        for state in checkpoint.get("optimizer_states", ()) or ():
+            if isinstance(state, dict) and isinstance(state.get(REFERENCE_KEY), dict):
+                state[REFERENCE_KEY] = {**state[REFERENCE_KEY], "checkpoint": str(path), "home": str(home)}
+        return checkpoint
+
+    def remove_checkpoint(self, path: Any) -> None:
+        self.inner.remove_checkpoint(path)
+        index = 0
+        # A link (last.ckpt) has no snapshot of its own: only folders named after this path go.
+        while os.path.isdir(folder := snapshot_folder(path, index)) and not os.path.islink(folder):
+            shutil.rmtree(folder)
+            index += 1
+
+    def teardown(self) -> None:
+        self.inner.teardown()
+
+
+def _reference_of(state: Any) -> dict[str, Any] | None:
+    if isinstance(state, Mapping) and isinstance(state.get(REFERENCE_KEY), Mapping):
+        return dict(state[REFERENCE_KEY])
+    return None
+
+
+def _load_reference(optimizer: Any, reference: dict[str, Any]) -> None:
+    """Load the snapshot a checkpoint's reference names into the ``TieredAdamW`` ``optimizer``."""
+    name, home, ckpt = reference.get("folder"), reference.get("home"), reference.get("checkpoint", "?")
+    if not isinstance(name, str) or "/" in name or name in ("", ".", "..") or not isinstance(home, str):
+        raise CorruptStateError(
+            f"checkpoint {ckpt!r}: its optimizer reference is damaged ({reference!r}); resume from another checkpoint"
+        )
+    folder = Path(home) / name
+    if not has_trainer_snapshot(folder):
+        raise CorruptStateError(
+            f"checkpoint {ckpt!r} keeps its optimizer in {str(folder)!r}, which is missing or holds no snapshot: "
+            f"copy the .ckpt file together with its {name}/ folder, or resume from another checkpoint"
+        )
+    load_trainer_snapshot(optimizer, folder)
+
+
+class TieredCheckpoints(pl.Callback):
+    """Lightning checkpoints hold a ``TieredAdamW`` by snapshot beside the ``.ckpt`` file (see the module docs).
+
+    Pass it in ``Trainer(callbacks=[...])``, to the run that saves and to the
+    run that resumes. Optimizers that are not a ``TieredAdamW`` are saved and
+    loaded as Lightning does.
+
+    Parameters
+    ----------
+    close_at_end
+        Close every ``TieredAdamW`` when ``fit`` ends (default). ``False``
+        keeps them open (``trainer.save_checkpoint`` after ``fit`` needs
+        that); they are closed at exit then.
+
+    Example
+    -------
+    >>> cb = TieredCheckpoints(close_at_end=False)
+    >>> cb.close_at_end
+    False
+    """
+
+    def __init__(self, *, close_at_end: bool = True) -> None:
+        self.close_at_end = close_at_end
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        strategy = trainer.strategy
+        if not isinstance(strategy.checkpoint_io, SnapshotCheckpointIO):
+            strategy.checkpoint_io = SnapshotCheckpointIO(strategy.checkpoint_io)
+        if getattr(strategy, "_tierstore_wired", False):
+            return
+        # Note: Lightning has no public hook between collecting optimizer states and writing them, and
+        # Strategy.optimizer_state calls state_dict() (the whole state in RAM). The strategy's two
+        # methods are wrapped on this instance only; every other optimizer takes Lightning's own path.
+        own_state, own_load = strategy.optimizer_state, strategy.load_optimizer_state_dict
+
+        def optimizer_state(optimizer: Any) -> Any:
+            tiered = tiered_optimizer(optimizer)
+            if tiered is None:
+                return own_state(optimizer)
+            index = next((i for i, o in enumerate(trainer.optimizers) if tiered_optimizer(o) is tiered), 0)
+            return _Pending(tiered, index)
+
+        def load_optimizer_state_dict(checkpoint: Mapping[str, Any]) -> None:
+            states = list(checkpoint.get("optimizer_states", ()))
+            plain = [s for s in states if _reference_of(s) is None]
+            for optimizer, state in zip(strategy.optimizers, states):
+                reference = _reference_of(state)
+                if reference is None:
+                    continue
+                tiered = tiered_optimizer(optimizer)
+                if tiered is None:
+                    raise ConfigError(
+                        f"checkpoint {reference.get('checkpoint', '?')!r} keeps a TieredAdamW's state by snapshot, "
+                        f"but this run's optimizer is {type(optimizer).__name__}: configure a TieredAdamW to resume it"
+                    )
+                _load_reference(tiered, reference)
+            if len(plain) == len(states):
+                own_load(checkpoint)
+            elif plain:  # torch state dicts beside snapshots: Lightning loads those, in their places
+                for optimizer, state in zip(strategy.optimizers, states):
+                    if _reference_of(state) is None:
+                        optimizer.load_state_dict(state)
+
+        strategy.optimizer_state = optimizer_state
+        strategy.load_optimizer_state_dict = load_optimizer_state_dict
+        strategy._tierstore_wired = True
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit" or not self.close_at_end:
+            return
+        for optimizer in trainer.optimizers:
+            tiered = tiered_optimizer(optimizer)
+            if tiered is not None:
+                tiered.close()
