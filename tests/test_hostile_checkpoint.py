@@ -48,6 +48,8 @@ from tierstore.errors import (
 )
 
 SHARD = 1024
+# What a refusal tells the user to do (every message names one): the fixes tierstore's errors give.
+FIX = re.compile(r"write it again|write the checkpoint again|restore|start over|pass |remove|upgrade|choose another", re.I)
 
 
 def _model(seed: int = 0, *, amsgrad: bool = False) -> tuple[list[dict[str, Any]], list[torch.nn.Parameter]]:
@@ -282,6 +284,13 @@ def _scale_chunks(meta: dict[str, Any]) -> None:
     meta["chunk_grid"]["configuration"]["chunk_shape"] = [8]
 
 
+def _chunks(numel: int) -> Callable[[dict[str, Any]], None]:
+    def edit(meta: dict[str, Any]) -> None:
+        meta["chunk_grid"]["configuration"]["chunk_shape"] = [numel]
+
+    return edit
+
+
 def _params_swapped(ck: Path) -> None:
     """The parameter index moved by one: moments would load onto other parameters."""
     meta = _meta(ck / "zarr.json")
@@ -332,6 +341,10 @@ CHECKPOINTS = [
     pytest.param("int8", _array_meta("exp_avg", _set_block), "block_numel=128 where its format needs 256", id="int8-block"),
     pytest.param("int8", _array_meta("exp_avg", _shift_map), "attribute map=", id="int8-map"),
     pytest.param("int8", _array_meta("exp_avg_scales", _scale_chunks), r"in chunks of \(8,\)", id="int8-scale-chunks"),
+    # The codes array's own chunking: 768 is neither the shard size nor a multiple of the 256-element
+    # block; 512 is a multiple of the block, but not the shard (a chunk would straddle two shards' codes).
+    pytest.param("int8", _array_meta("exp_avg", _chunks(768)), r"in chunks of \(768,\).*needs .* in chunks of \(1024,\)", id="int8-codes-chunks-768"),
+    pytest.param("int8", _array_meta("exp_avg_sq", _chunks(512)), r"in chunks of \(512,\).*needs .* in chunks of \(1024,\)", id="int8-codes-chunks-512"),
     pytest.param("int8", _attrs(moment_dtype="bfloat16"), "moment_dtype='bfloat16'", id="int8-format-attr"),
     pytest.param("int8", _attrs(format_version=1), "format_version 1", id="int8-version-1"),
     pytest.param("f32", _array_meta("exp_avg", _gzip), "GzipCodec", id="codec-gzip"),
@@ -355,10 +368,12 @@ def test_crafted_checkpoint_is_refused_by_every_reader(
         error = _ends_within(10, lambda read=read: read(ck))
         assert isinstance(error, CorruptStateError), (read.__name__, error)
         assert re.search(message, str(error)), (read.__name__, str(error))
+        assert str(ck) in str(error) and FIX.search(str(error)), f"no path or no fix in {str(error)!r}"
     groups, _ = _model(amsgrad=source == "f32")
     with TieredAdamW(groups, shard_numel=SHARD, amsgrad=source == "f32") as opt:
         error = _ends_within(10, lambda: load_checkpoint(opt, ck))
         assert isinstance(error, CorruptStateError), error
+        assert str(ck) in str(error) and FIX.search(str(error)), f"no path or no fix in {str(error)!r}"
         opt.step()  # refused before any change: the optimizer is still usable
 
 
@@ -549,6 +564,46 @@ def test_planted_partial_link_is_never_written_through(tmp_path: Path) -> None:
     write_output_file(out, lambda f: f.write(b"state"), overwrite=False)
     assert out.read_bytes() == b"state" and victim.read_text() == "keep me"
     assert not out.is_symlink()
+
+
+@pytest.mark.parametrize("planted", ["symlink", "fifo"])
+@pytest.mark.parametrize("draws", ["always-that-name", "that-name-first"])
+def test_a_link_or_fifo_at_the_temporary_name_itself_is_never_written_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, planted: str, draws: str
+) -> None:
+    """The temporary's random name made known (as if guessed or raced): a link or FIFO planted exactly
+    there is neither followed nor waited on (O_CREAT | O_EXCL | O_NOFOLLOW); another name is drawn, and
+    when every draw is taken the write ends in a clear error, within 10 s either way."""
+    from tierstore.checkpoint import _files
+
+    fixed = "0123456789abcdef"
+    names = iter([fixed]) if draws == "that-name-first" else None
+
+    class Drawn:  # stands for the secrets module _files draws names from
+        @staticmethod
+        def token_hex(nbytes: int) -> str:
+            return next(names, os.urandom(nbytes).hex()) if names is not None else fixed
+
+    monkeypatch.setattr(_files, "secrets", Drawn)
+    out = tmp_path / "sd.pt"
+    tmp = tmp_path / f".sd.pt.{fixed}.partial"  # the name write_output_file draws
+    victim = _victim(tmp_path)
+    if planted == "symlink":
+        tmp.symlink_to(victim)
+    else:
+        os.mkfifo(tmp)
+    error = _ends_within(10, lambda: write_output_file(out, lambda f: f.write(b"state"), overwrite=False))
+    assert victim.read_text() == "keep me", "the planted link was written through"
+    assert tmp.is_symlink() if planted == "symlink" else stat.S_ISFIFO(os.lstat(tmp).st_mode), "the planted name was replaced"
+    if draws == "that-name-first":
+        assert error is None and out.read_bytes() == b"state" and not out.is_symlink()
+    else:
+        assert isinstance(error, StateDirError), error
+        assert str(tmp_path) in str(error) and "temporary" in str(error) and FIX.search(str(error)), str(error)
+        assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["elsewhere", tmp.name, *(["sd.pt"] if error is None else [])]
+    ), "a temporary was left behind"
 
 
 def test_output_file_in_a_missing_directory(tmp_path: Path) -> None:

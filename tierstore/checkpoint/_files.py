@@ -153,8 +153,12 @@ def write_output_file(path: str | os.PathLike, write: Callable[[Any], object], *
                 f"cannot create a file in {str(parent)!r} ({exc.strerror}); pass an output path in an existing, "
                 "writable directory"
             ) from exc
-    else:  # pragma: no cover - 100 random 64-bit names all taken
-        raise StateDirError(f"cannot find a free temporary name in {str(parent)!r}")
+    else:  # 100 random 64-bit names all taken: someone is planting them, or the names are not random
+        raise StateDirError(
+            f"cannot find a free temporary name in {str(parent)!r}: 100 random names "
+            f"'.{path.name}.<random>.partial' were all taken (something else creates them); remove those files, "
+            "or choose an output path in a directory only you can write"
+        )
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)

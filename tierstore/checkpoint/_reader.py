@@ -137,7 +137,10 @@ class CheckpointReader:
             )
         for field in ("exp_avg", "exp_avg_sq"):
             if field not in layout.fields:
-                raise CorruptStateError(f"{where} has no {field} array (its layout holds {list(layout.fields)}); it is not an AdamW checkpoint")
+                raise CorruptStateError(
+                    f"{where} has no {field} array (its layout holds {list(layout.fields)}); it is not an AdamW "
+                    "checkpoint. Pass a checkpoint written by save_checkpoint or tierstore export, or write this one again"
+                )
         checks: dict[str, Any] = {"shard_numel": layout.shard_numel, "total_numel": layout.total_numel}
         if layout.encoded:
             checks["moment_dtype"] = layout.format.name
@@ -145,14 +148,23 @@ class CheckpointReader:
                 STATE_KEY_OF_FIELD[f]: scales_name(f) for f in layout.fields if f in MOMENT_FIELDS and layout.format.block_numel
             }
             if version < 2:
-                raise CorruptStateError(f"{where} holds {layout.format.name} moments but says format_version {version}; they came with version 2")
+                raise CorruptStateError(
+                    f"{where} holds {layout.format.name} moments but says format_version {version}; they came with "
+                    "version 2. The checkpoint is damaged, write it again"
+                )
         elif "moment_dtype" in attrs or "scale_arrays" in attrs:
-            raise CorruptStateError(f"{where} has moment_dtype/scale_arrays attributes but its layout holds float32 moments")
+            raise CorruptStateError(
+                f"{where} has moment_dtype/scale_arrays attributes but its layout holds float32 moments. The checkpoint "
+                "is damaged, write it again"
+            )
         for key, value in checks.items():
             if not same_json(attrs.get(key), value):
                 raise CorruptStateError(f"{where} has {key}={attrs.get(key)!r}; its layout says {value!r}. The checkpoint is damaged, write it again")
         if attrs.get("checksum") not in CHECKSUMS:
-            raise CorruptStateError(f"{where} has checksum={attrs.get('checksum')!r}; known checksums are {list(CHECKSUMS)}")
+            raise CorruptStateError(
+                f"{where} has checksum={attrs.get('checksum')!r}; known checksums are {list(CHECKSUMS)}. The checkpoint "
+                "is damaged, write it again"
+            )
         return names
 
     def _chunk_checksums(self, arr: Any, name: str) -> list[str]:
@@ -181,7 +193,8 @@ class CheckpointReader:
         ):
             raise CorruptStateError(
                 f"{where} is {getattr(arr, 'shape', '?')} {getattr(arr, 'dtype', '?')} in chunks of "
-                f"{getattr(arr, 'chunks', '?')}; its layout needs ({numel},) {dtype} in chunks of ({chunk},)"
+                f"{getattr(arr, 'chunks', '?')}; its layout needs ({numel},) {dtype} in chunks of ({chunk},) (a decoder that "
+                "trusted it would read other values). The checkpoint is damaged, write it again"
             )
         # Only the codecs tierstore writes: the chunk files then have a known size, and no
         # codec can expand a small file into a large allocation.
@@ -195,7 +208,7 @@ class CheckpointReader:
         if not plain:
             raise CorruptStateError(
                 f"{where} is encoded with {[type(c).__name__ for c in codecs_]}; a tierstore checkpoint uses "
-                f"BytesCodec (little endian){' and Crc32cCodec' if crc32c else ''} only"
+                f"BytesCodec (little endian){' and Crc32cCodec' if crc32c else ''} only; write the checkpoint again with tierstore"
             )
         saved = dict(arr.attrs)
         extra = set(saved) - set(attributes) - {"chunk_checksum", "chunk_checksums"}

@@ -130,7 +130,7 @@ def check_header(
     CorruptStateError
         Naming ``where``, the value and what was expected.
     """
-    fix = "the state is damaged or was not written by tierstore"
+    fix = "the state is damaged or was not written by tierstore; restore it from a good copy, or write it again"
     if type(step_count) is not int or not 0 <= step_count <= MAX_STEP:
         raise CorruptStateError(f"{where} has step_count={step_count!r}; it must be a whole number in [0, {MAX_STEP}] ({fix})")
     if not isinstance(param_steps, list) or len(param_steps) != len(layout.params):
@@ -197,7 +197,10 @@ def check_param_index(attrs: dict[str, Any], layout: Layout, where: str) -> list
         }
         at = f"parameter {p.index} in the index of checkpoint {where}"
         if not isinstance(saved, dict) or not keys <= set(saved) <= keys | {"has_master"}:
-            raise CorruptStateError(f"{at} has keys {sorted(saved) if isinstance(saved, dict) else saved!r}; expected {sorted(keys)}")
+            raise CorruptStateError(
+                f"{at} has keys {sorted(saved) if isinstance(saved, dict) else saved!r}; expected {sorted(keys)}. "
+                "The checkpoint is damaged, write it again"
+            )
         for key, value in expected.items():
             # Converted torch state dicts do not know the shapes of parameters without state (frozen here).
             if key == "shape" and saved[key] is None and not p.trainable:
@@ -209,5 +212,8 @@ def check_param_index(attrs: dict[str, Any], layout: Layout, where: str) -> list
         if "has_master" in saved and (
             not isinstance(saved["has_master"], bool) or (saved["has_master"] and not (p.trainable and "master" in layout.fields))
         ):
-            raise CorruptStateError(f"{at} has has_master={saved['has_master']!r} but its layout keeps no master for it")
+            raise CorruptStateError(
+                f"{at} has has_master={saved['has_master']!r} but its layout keeps no master for it; the checkpoint "
+                "is damaged, write it again"
+            )
     return index
