@@ -7,7 +7,10 @@ under ``--dir``. Rounds alternate the optimizers in a rotating order, so every
 round's times saw the same drive and CPU weather; the paired ratio (format /
 float32, per round, median) is what the targets compare:
 
-- ``bfloat16`` <= 0.72x and ``int8`` <= 0.60x the ``float32`` step time;
+- ``bfloat16`` <= 0.72x and ``int8`` <= 0.60x the ``float32`` step time,
+  each judged PASS/FAIL on the median of the per-round ratios over >= 3
+  rounds (UNDECIDED with fewer; the targets are stated for fp32 masters and
+  apply when the first format is ``float32``);
 - at the same budget, how many more shards (and parameters) stay resident;
 - ``int8@torch`` (any ``<format>@torch``): the format's update in torch ops
   (decode, ``torch._fused_adamw_``, encode; the compiled kernel of
@@ -19,9 +22,15 @@ is shared). Per step the script also records where the machine's CPU time went
 (``/proc/stat``: user, system, iowait, idle, steal, as shares of all CPUs) and
 the seconds the compiled update kernel ran, summed over the update's workers,
 so a step that is CPU-bound (little iowait and idle, kernel time near
-workers x update time) is told from one that waits on the drive. Needs 4
+workers x update time) is told from one that waits on the drive. The
+optimizers run durable (a committed copy on disk, commits in the background),
+as ``TieredAdamW`` with a ``state_dir`` does (``--no-durable`` to measure
+``durable=False``); ``--budget`` takes bytes (``'512MiB'``) or a share of the
+float32 state (``'1/8'``, ``'12.5%'``, ``0.125``). The report starts with the
+hardware line and ends with the verdicts. Needs 4
 B/param of gradients plus, per format, 4 B/param of parameters and its budget
-of RAM, and its state files on disk (checked before anything is allocated).
+of RAM, and its state files on disk, twice over when durable (checked before
+anything is allocated).
 
 Usage::
 
@@ -49,10 +58,13 @@ from tierstore._compute import native
 from tierstore._layout.budget import plan_tiers
 from tierstore._layout.layout import Layout
 from tierstore._layout.spec import decide
-from tierstore.cli.bench.report import machine_info, write_json
+from tierstore.cli.bench.report import hardware_line, machine_info, write_json
 from tierstore.cli.bench.resources import Needs, check
+from tierstore.cli.bench.step_report import FORMAT_TARGETS, SOURCE_FORMATS, ratio_text, scale_note
+from tierstore.cli.bench.verdict import MIN_REPEATS, Target, format_verdicts, judge, overall
 from tierstore.cli.bench.workload import build
 from tierstore.errors import ConfigError
+from tierstore.sizes import format_size, parse_budget
 
 FORMATS = ("float32", "bfloat16", "int8")
 
@@ -130,6 +142,28 @@ def _cpu_median(steps: list[dict]) -> dict:
     return out
 
 
+def verdicts(results: list[dict], *, keep_master: bool, params: int | None = None) -> list[dict]:
+    """The formats' targets (step time / float32's, round by round), where the first run is ``float32``.
+
+    Example
+    -------
+    >>> rows = [{"moment_dtype": "float32", "steps_s": [1.0, 1.0, 1.0]},
+    ...         {"moment_dtype": "int8", "steps_s": [0.55, 0.62, 0.58]}]
+    >>> [(v["key"], v["verdict"]) for v in verdicts(rows, keep_master=True)]
+    [('vs_float32[int8]', 'PASS')]
+    """
+    if not results or results[0]["moment_dtype"] != "float32":
+        return []  # the targets compare with float32's step in the same rounds
+    base = results[0]["steps_s"]
+    notes = [scale_note({"params": params}, 2 * 10**8)]
+    notes.append(None if keep_master else "the target is stated for fp32 masters (drop --no-master)")
+    note = "; ".join(n for n in notes if n) or None
+    return [judge(Target(f"vs_float32[{row['moment_dtype']}]", f"streamed step with {row['moment_dtype']} moments / "
+                         "float32's (round by round)", "<=", FORMAT_TARGETS[row["moment_dtype"]],
+                         source=SOURCE_FORMATS), [a / b for a, b in zip(row["steps_s"], base) if b > 0], note=note)
+            for row in results[1:] if row["moment_dtype"] in FORMAT_TARGETS]
+
+
 def _sizes(numel: int) -> list[int]:
     from tierstore.cli.bench.workload import param_sizes
 
@@ -140,16 +174,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=float, required=True, help="fp32 parameters, e.g. 2e8")
     parser.add_argument("--dir", required=True, help="a directory on the drive under test")
-    parser.add_argument("--budget", type=float, default=1 / 8, help="ram_budget as a share of the float32 state")
+    parser.add_argument("--budget", default="1/8",
+                        help="ram_budget: bytes ('512MiB') or a share of the float32 state ('1/8', '12.5%%', 0.125; "
+                             "default 1/8), the same for every format")
     parser.add_argument("--formats", default=",".join(FORMATS),
                         help="moment_dtype values, the first is the baseline; NAME:N runs NAME with update_threads=N; "
                              "NAME@torch runs NAME's update in torch ops (no compiled kernel)")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=7,
+                        help=f"timed rounds, each stepping every format once (default 7; a verdict needs {MIN_REPEATS})")
     parser.add_argument("--no-master", action="store_true", help="keep_master=False (8 B/param in float32)")
     parser.add_argument("--param-dtype", default="float32", choices=("float32", "bfloat16"),
                         help="dtype of the parameters and gradients (bfloat16: fp32 masters in the state, as "
                              "mixed-precision training keeps them)")
-    parser.add_argument("--durable", action="store_true", help="durable=True (a commit per step)")
+    parser.add_argument("--durable", action=argparse.BooleanOptionalAction, default=True,
+                        help="durable=True (the default, as TieredAdamW with a state_dir runs: commits in the "
+                             "background); --no-durable: durable=False, nothing survives a crash")
     parser.add_argument("--shard-numel", type=float, default=None, help="fixed shard size (default: each format's automatic one)")
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--update-threads", type=int, default=None, help="TieredAdamW's update_threads (default: its own)")
@@ -163,7 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     keep_master = not args.no_master
     fp32_state = numel * (12 if keep_master else 8)
-    budget = int(fp32_state * args.budget)
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: give at least 1 ({MIN_REPEATS} for a verdict)")
+    try:  # the API's parser and errors, a share taken of the float32 state
+        budget = parse_budget(args.budget, state_bytes=fp32_state, name="--budget")
+    except ConfigError as exc:
+        parser.error(str(exc))
+    machine = machine_info(args.dir)
+    print(hardware_line(machine), flush=True)
     shard_numel = None if args.shard_numel is None else int(args.shard_numel)
     disk = sum(int(numel * (4 * keep_master + 2 * {"float32": 4, "bfloat16": 2, "int8": 1.0157}[f.partition(":")[0].partition("@")[0]]))
                for f in formats)
@@ -242,24 +288,33 @@ def main(argv: list[str] | None = None) -> int:
                                                       budget=budget,
                                                       shard_numel=same_shard, keep_master=keep_master,
                                                       dtype=param_dtype)
-    print(f"\n{numel:.3g} {args.param_dtype} params, keep_master={keep_master}, ram_budget {budget / 2**20:.1f} MiB "
-          f"(1/{1 / args.budget:g} of the float32 state), load average {min(loads):.2f}..{max(loads):.2f}")
+    found = verdicts(results, keep_master=keep_master, params=numel)
+    print(f"\n{numel:.3g} {args.param_dtype} params, keep_master={keep_master}, ram_budget {format_size(budget)} "
+          f"({budget / fp32_state:.3g} of the float32 state), durable={args.durable}, {args.rounds} interleaved "
+          f"rounds, load average {min(loads):.2f}..{max(loads):.2f}")
     for row in results:
         same = row["at_baseline_shard_numel"]
-        print(f"  {row['moment_dtype']:9s} median {row['median_s']:.3f} s  paired {row['paired_vs_first']:.3f}x  "
+        row["paired_rounds"] = [a / b for a, b in zip(row["steps_s"], base) if b > 0]
+        print(f"  {row['moment_dtype']:9s} median {row['median_s']:.3f} s; step / {results[0]['moment_dtype']}'s "
+              f"{ratio_text(row['paired_rounds'])}\n            "
               f"{row['bytes_per_param']:.2f} B/param  resident {row['resident_shards']}/{row['shards']} shards of "
               f"{row['shard_numel']:,} ({row['resident_params']:,} params); at shard_numel={same_shard:,}: "
-              f"{same['resident_shards']}/{same['shards']}  split {row['split_median_s']}")
+              f"{same['resident_shards']}/{same['shards']}\n            split (medians): "
+              + ", ".join(f"{k.replace('_', ' ')} {v:.3f} s" for k, v in row["split_median_s"].items()))
         cpu = row["cpu_median"]
-        machine = cpu.get("machine")
-        shares = ", ".join(f"{k} {v:.0%}" for k, v in machine.items()) if machine else "n/a"
+        cpu_shares = cpu.get("machine")
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in cpu_shares.items()) if cpu_shares else "n/a"
         print(f"            process CPU {cpu['process_cpu_s']:.3f} s/step, in the compiled kernel {cpu['kernel_s']:.3f} s "
               f"(wall, summed over workers); machine CPU: {shares}")
+    print()
+    print(format_verdicts(found))
     if args.json:
         document = {"tool": "bench/formats_step.py", "argv": sys.argv, "params": numel, "param_dtype": args.param_dtype, "keep_master": keep_master,
                     "update_threads": args.update_threads,
-                    "ram_budget": budget, "budget_share_of_float32_state": args.budget, "durable": args.durable,
-                    "load_average_per_round": loads, "machine": machine_info(args.dir), "results": results}
+                    "ram_budget": budget, "budget_share_of_float32_state": budget / fp32_state, "durable": args.durable,
+                    "rounds": args.rounds, "load_average_per_round": loads, "machine": machine,
+                    "hardware": hardware_line(machine), "results": results, "verdicts": found,
+                    "verdict": overall(found)}
         print(f"wrote {write_json(args.json, document)}")
     return 0
 

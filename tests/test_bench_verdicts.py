@@ -354,3 +354,50 @@ def test_durability_judges_durable_over_not_durable_round_by_round(auto, verdict
     text = durability.render(doc)
     assert text.startswith("hardware: Test CPU") and f"{verdict:<5} all in RAM" in text
     assert f"durable-auto / not-durable: {v['median']:.3f}x (median of {len(auto)} per-round ratios" in text
+
+
+# -- bench/formats_step.py: each format's streamed step / float32's ---------------------------
+def _bench_script(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("int8_s", "verdict"),
+    [([0.55, 0.62, 0.58], "PASS"), ([0.55, 0.66, 0.64], "FAIL"), ([0.5, 0.5], "UNDECIDED")],
+)
+def test_formats_step_judges_each_format_against_float32_round_by_round(int8_s, verdict):
+    fs = _bench_script("formats_step")
+    rows = [{"moment_dtype": "float32", "steps_s": [1.0] * len(int8_s)},
+            {"moment_dtype": "int8", "steps_s": int8_s},
+            {"moment_dtype": "int8@torch", "steps_s": [1.0] * len(int8_s)},  # a diagnostic: no target
+            {"moment_dtype": "bfloat16", "steps_s": [0.7] * len(int8_s)}]
+    found = fs.verdicts(rows, keep_master=True, params=2 * 10**8)
+    assert [v["key"] for v in found] == ["vs_float32[int8]", "vs_float32[bfloat16]"]
+    assert found[0]["verdict"] == verdict and found[0]["samples"] == pytest.approx(int8_s)
+    assert found[0]["target"]["bound"] == 0.60 and found[1]["target"]["bound"] == 0.72
+    assert "note" not in found[0]  # at the stated size, with masters: nothing to warn about
+    assert "fp32 masters" in fs.verdicts(rows, keep_master=False, params=2 * 10**8)[0]["note"]
+    assert fs.verdicts(rows[1:], keep_master=True) == []  # no float32 run first: nothing to compare with
+
+
+@pytest.mark.parametrize(("value", "share"), [("1/8", 1 / 8), ("12.5%", 1 / 8), ("0.125", 1 / 8), ("1/2", 1 / 2)])
+def test_formats_step_reads_its_budget_with_the_apis_parser(value, share, tmp_path, capsys):
+    fs = _bench_script("formats_step")
+    out = tmp_path / "f.json"
+    assert fs.main(["--params", "2e5", "--dir", str(tmp_path), "--rounds", "1", "--shard-numel", "4096",
+                    "--formats", "float32", "--budget", value, "--no-durable", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["ram_budget"] == int(2e5 * 12 * share) and doc["durable"] is False
+
+
+def test_formats_step_refuses_a_bad_budget_with_the_apis_error(tmp_path, capsys):
+    fs = _bench_script("formats_step")
+    with pytest.raises(SystemExit) as done:
+        fs.main(["--params", "1e5", "--dir", str(tmp_path), "--budget", "2/1"])
+    assert done.value.code == 2
+    assert "--budget='2/1' is a share of 2 of the state; give a share in (0, 1]" in capsys.readouterr().err

@@ -351,6 +351,12 @@ def test_formats_step_script_small(tmp_path, capsys):
     doc = json.loads(out.read_text())
     rows = {r["moment_dtype"]: r for r in doc["results"]}
     assert set(rows) == {"float32", "int8", "int8:1"} and rows["float32"]["paired_vs_first"] == 1.0
+    # Durable by default, as TieredAdamW with a state_dir; two rounds judge nothing.
+    assert doc["durable"] is True and "(2 copies, durable)" in rows["int8"]["describe"]
+    assert [v["key"] for v in doc["verdicts"]] == ["vs_float32[int8]"] and doc["verdict"] == "UNDECIDED"
+    assert len(rows["int8"]["paired_rounds"]) == 2 and doc["hardware"].startswith("hardware: ")
+    text = capsys.readouterr().out
+    assert text.startswith("hardware: ") and "targets: 1 UNDECIDED" in text
     assert rows["int8"]["bytes_per_param"] == pytest.approx(4 + 2 * 1.015625)
     assert rows["int8"]["at_baseline_shard_numel"]["resident_shards"] >= rows["float32"]["resident_shards"]
     assert len(doc["load_average_per_round"]) == 2 and [p.name for p in tmp_path.iterdir()] == ["f.json"]

@@ -177,18 +177,18 @@ def verdicts(document: dict[str, Any]) -> list[dict[str, Any]]:
                                                                          per["tierstore-ram"]["steps_s"])]
         out.append(judge(Target("ram_vs_torch", "all in RAM: TieredAdamW's params/s / torch.optim.AdamW(fused=True)'s "
                                 "(= torch's step time / ours)", ">=", 0.95, source=SOURCE_RAM), rounds,
-                         note=_scale_note(cfg, 5 * 10**7)))
+                         note=scale_note(cfg, 5 * 10**7)))
     for name, d in s.get("disk", {}).items():
         floor_rounds = over_floor_rounds(document, name)
         if floor_rounds is not None:
             out.append(judge(Target(f"over_floor[{name}]", f"{name}: step time / I/O floor (its bytes moved, "
                                     "no update)", "<=", 1.10, source=SOURCE_DISK), floor_rounds,
-                             note=_scale_note(cfg, 2 * 10**8)))
+                             note=scale_note(cfg, 2 * 10**8)))
         if "peer_over_ours_rounds" in d or ("peer_over_ours" in d and "peer-pipelined-swap" in per):
             rounds = d.get("peer_over_ours_rounds") or [p / o for p, o in zip(per["peer-pipelined-swap"]["steps_s"],
                                                                                per[name]["steps_s"])]
             out.append(judge(Target(f"peer_over_ours[{name}]", f"{name}: DeepSpeed-style swapper's step time / "
-                                    "ours", ">", 1.0, source=SOURCE_DISK), rounds, note=_scale_note(cfg, 2 * 10**8)))
+                                    "ours", ">", 1.0, source=SOURCE_DISK), rounds, note=scale_note(cfg, 2 * 10**8)))
         twin = name.replace("-durable", "") if "-not-durable" not in name else None  # a JSON from before
         if "vs_not_durable_rounds" not in d and twin in per and is_durable(name, per[name]) \
                 and not is_durable(twin, per[twin]):
@@ -230,7 +230,7 @@ def over_floor_rounds(document: dict[str, Any], name: str) -> list[float] | None
     return ratios(per[name]["steps_s"], floors) if floors else None
 
 
-def _scale_note(cfg: dict[str, Any], stated: int) -> str | None:
+def scale_note(cfg: dict[str, Any], stated: int) -> str | None:
     """A warning when the run is much smaller than the size the target is stated for: per-step
     overheads (thread hand-offs, Python) weigh more in a small step."""
     params = cfg.get("params")
