@@ -14,8 +14,10 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +123,19 @@ def _fifo(name: str) -> Callable[[Place], None]:
     return plant
 
 
+def _device(name: str) -> Callable[[Place], None]:
+    """A character device node in the file's place: /dev/zero's numbers (1, 5), endless zeros if read."""
+
+    def plant(p: Place) -> None:
+        (p.state / name).unlink(missing_ok=True)
+        try:
+            os.mknod(p.state / name, 0o666 | stat.S_IFCHR, os.makedev(1, 5))
+        except PermissionError:
+            pytest.skip("creating a device node needs CAP_MKNOD")
+
+    return plant
+
+
 def _directory(name: str) -> Callable[[Place], None]:
     def plant(p: Place) -> None:
         (p.state / name).unlink(missing_ok=True)
@@ -209,9 +224,13 @@ CASES: dict[str, Case] = {
     "fifo-lock": Case(_fifo(".lock"), OK, OK),
     "fifo-inflight": Case(_fifo(".inflight"), StateDirError, OK, (".inflight", "FIFO")),
     "fifo-manifest-tmp": Case(_fifo(".manifest.json.tmp"), OK, OK),
+    "dev-manifest": Case(_device("manifest.json"), C, C, ("manifest.json", "character device")),
+    "dev-shards0": Case(_device("shards.0.bin"), C, "problem", ("shards.0.bin", "character device")),
+    "dev-shards1": Case(_device("shards.1.bin"), C, "problem", ("shards.1.bin", "character device")),
     "dir-manifest": Case(_directory("manifest.json"), C, C, ("manifest.json", "directory")),
     "dir-shards0": Case(_directory("shards.0.bin"), C, "problem", ("shards.0.bin", "directory")),
-    # manifests: truncated, huge, not JSON, deeply nested
+    # manifests: missing, truncated, huge, not JSON, deeply nested
+    "no-manifest": Case(lambda p: (p.state / "manifest.json").unlink(), NoStateError, C, ("no committed state",)),
     "truncated-manifest": Case(_raw_manifest(lambda b: b[: len(b) // 2]), C, C, ("not valid JSON",)),
     "empty-manifest": Case(_raw_manifest(lambda b: b""), C, C, ("not valid JSON",)),
     "huge-manifest": Case(_huge_manifest, C, C, ("256 MiB",)),
@@ -303,6 +322,16 @@ def _message_has(exc: BaseException, says: tuple[str, ...]) -> None:
         assert part in message, f"{part!r} not in {message!r}"
 
 
+# What a refusal tells the user to do: every message names one of these fixes.
+FIX = re.compile(r"restore|start over|\bpass\b|\bremove\b|upgrade|move the other files|close\(\)|resume=", re.I)
+
+
+def _names_the_place_and_a_fix(message: str, p: Place) -> None:
+    """The error names the state directory (or a file in it, by its full path) and what to do."""
+    assert str(p.state) in message, f"the state directory {str(p.state)!r} is not named in {message!r}"
+    assert FIX.search(message), f"no fix named in {message!r}"
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_hostile_directory_resumed(place: Place, name: str) -> None:
     case = CASES[name]
@@ -315,7 +344,7 @@ def test_hostile_directory_resumed(place: Place, name: str) -> None:
                 _resume(place)
             assert isinstance(info.value, TierstoreError)
             _message_has(info.value, case.says)
-            assert str(place.state) in str(info.value) or "manifest" in str(info.value)
+            _names_the_place_and_a_fix(str(info.value), place)
     _outside_untouched(place)
 
 
@@ -330,11 +359,15 @@ def test_hostile_directory_read_offline(place: Place, name: str) -> None:
             problems = _read(place)  # verify names the damaged copy instead of raising
             assert problems and all(p.severity in ("error", "warning") for p in problems)
             assert any(all(part in p.what or part in p.file for part in case.says) for p in problems), problems
+            for problem in problems:
+                _names_the_place_and_a_fix(str(problem), place)
         else:
             with pytest.raises(case.read) as info:
                 _read(place)
+            assert isinstance(info.value, TierstoreError)
             if case.resume is not None:
                 _message_has(info.value, case.says)
+            _names_the_place_and_a_fix(str(info.value), place)
     _outside_untouched(place)
 
 

@@ -63,7 +63,10 @@ def read_manifest_file(path: Path, *, dir_fd: int | None = None) -> dict:
     try:
         fd = open_regular(path, os.O_RDONLY, dir_fd=dir_fd, what="manifest")
     except FileNotFoundError:
-        raise CorruptStateError(f"{path} is missing; this directory holds no committed state") from None
+        raise CorruptStateError(
+            f"{path} is missing; this directory holds no committed state: pass the state_dir of a run that "
+            f"committed, or {fix}"
+        ) from None
     except TierstoreError:
         raise
     except OSError as exc:
@@ -92,7 +95,7 @@ def read_manifest_file(path: Path, *, dir_fd: int | None = None) -> dict:
         raise FormatVersionError(
             f"{path} has format_version {short_repr(version)}; this tierstore ({FORMAT_NAME} format "
             f"{FORMAT_VERSION}) cannot read it. "
-            + ("Upgrade tierstore to resume it." if newer else "It was not written by a known tierstore.")
+            + ("Upgrade tierstore to resume it." if newer else f"It was not written by a known tierstore; {fix}.")
         )
     try:
         intact = data.get("manifest_checksum") == manifest_checksum(data)
