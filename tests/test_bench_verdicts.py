@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -401,3 +402,42 @@ def test_formats_step_refuses_a_bad_budget_with_the_apis_error(tmp_path, capsys)
         fs.main(["--params", "1e5", "--dir", str(tmp_path), "--budget", "2/1"])
     assert done.value.code == 2
     assert "--budget='2/1' is a share of 2 of the state; give a share in (0, 1]" in capsys.readouterr().err
+
+
+# -- bench/ab_step.py: configurations against the first ----------------------------------------
+@pytest.mark.parametrize(
+    ("rounds", "target", "verdict"),
+    [([0.9, 0.95, 1.02], "<=1.0", "PASS"), ([1.1, 1.2, 0.98], "<=1.0", "FAIL"), ([0.9, 0.95, 1.02], "<0.9", "FAIL"),
+     ([0.9, 0.95], "<=1.0", "UNDECIDED")],
+)
+def test_ab_step_judges_each_configuration_against_the_first_round_by_round(rounds, target, verdict):
+    ab = _bench_script("ab_step")
+    rows = [{"config": {}, "paired_rounds": [1.0] * len(rounds)}, {"config": {"io_workers": 2}, "paired_rounds": rounds}]
+    (v,) = ab.verdicts(rows, ab.parse_target(target))
+    assert v["verdict"] == verdict and v["samples"] == pytest.approx(rounds) and '{"io_workers": 2}' in v["target"]["what"]
+
+
+@pytest.mark.parametrize("bad", ["1.0", "=<1", "<= one", ""])
+def test_ab_step_refuses_a_target_without_operator_and_ratio(bad):
+    ab = _bench_script("ab_step")
+    with pytest.raises(ValueError, match="write an operator and a ratio"):
+        ab.parse_target(bad)
+
+
+def test_ab_step_runs_durable_by_default_reads_its_budget_with_the_apis_parser_and_writes_verdicts(tmp_path, capsys):
+    ab = _bench_script("ab_step")
+    out = tmp_path / "ab.json"
+    hugepages = os.environ.get("TIERSTORE_HUGEPAGES")
+    assert ab.main(["--params", "1e5", "--dir", str(tmp_path), "--rounds", "2", "--budget", "90%",
+                    "--configs", '[{}, {"durable": false}]', "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["ram_budget"] == int(1e5 * 8 * 0.9)
+    assert "durable" not in doc["results"][0]["config"] and doc["results"][1]["config"]["durable"] is False
+    assert len(doc["results"][1]["paired_rounds"]) == 2 and doc["verdict"] == "UNDECIDED"
+    text = capsys.readouterr().out
+    assert text.startswith("hardware: ") and "(2 copies, durable)" in text and "targets: 1 UNDECIDED" in text
+    assert [p.name for p in tmp_path.iterdir()] == ["ab.json"]
+    assert os.environ.get("TIERSTORE_HUGEPAGES") == hugepages  # the process is left as it was
+    with pytest.raises(SystemExit) as done:
+        ab.main(["--params", "1e5", "--dir", str(tmp_path), "--configs", "[{}]", "--budget", "1/0"])
+    assert done.value.code == 2 and "--budget='1/0' divides by zero" in capsys.readouterr().err
