@@ -441,3 +441,33 @@ def test_ab_step_runs_durable_by_default_reads_its_budget_with_the_apis_parser_a
     with pytest.raises(SystemExit) as done:
         ab.main(["--params", "1e5", "--dir", str(tmp_path), "--configs", "[{}]", "--budget", "1/0"])
     assert done.value.code == 2 and "--budget='1/0' divides by zero" in capsys.readouterr().err
+
+
+# -- bench/codec.py: the compiled update against the same update in torch ops --------------------
+@pytest.mark.parametrize(
+    ("torch_s", "verdict"),
+    [([2.0, 2.2, 0.9], "PASS"), ([0.9, 1.1, 0.95], "FAIL"), ([2.0, 2.0], "UNDECIDED")],
+)
+def test_codec_judges_the_compiled_update_against_torch_ops_round_by_round(torch_s, verdict):
+    from tierstore.cli.bench import codec_speed
+
+    result = {"compiled": {"int8": True, "bfloat16": False},  # bfloat16: no compiled kernel here, no target
+              "seconds": {"update/int8": [1.0] * len(torch_s), "update/int8@torch": torch_s,
+                          "update/bfloat16": [1.0] * len(torch_s), "update/bfloat16@torch": torch_s}}
+    (v,) = codec_speed.verdicts(result)
+    assert v["key"] == "compiled_vs_torch[int8]" and v["verdict"] == verdict
+    assert v["samples"] == pytest.approx(torch_s)
+
+
+def test_codec_script_prints_hardware_and_verdicts_and_writes_per_round_seconds(tmp_path, capsys):
+    codec = _bench_script("codec")
+    out = tmp_path / "c.json"
+    assert codec.main(["--numel", "16Ki", "--rounds", "2", "--formats", "int8,int8@torch", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert all(len(v) == 2 for v in doc["seconds"].values()) and doc["hardware"].startswith("hardware: ")
+    text = capsys.readouterr().out
+    assert text.startswith("hardware: ")
+    if doc["compiled"]["int8"]:
+        assert doc["verdict"] == "UNDECIDED" and "targets: 1 UNDECIDED" in text
+    else:  # no C compiler: the comparison does not apply
+        assert doc["verdicts"] == [] and "no compiled kernel here" in text

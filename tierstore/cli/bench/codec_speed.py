@@ -26,6 +26,11 @@ directory), the drive itself is measured in the same run (raw ``O_DIRECT``
 reads and writes of a file of the float32 state's size, :mod:`.floor`) and
 each format's drive-bound params/s is given beside its update's.
 
+``seconds`` keeps every contender's time per round (the warm-up round
+dropped). The target (``docs/formats.md``, Speed): where the compiled fused
+update runs a format, it is faster than the same update in torch ops (params/s
+ratio > 1), each round's ratio a repeat (:func:`verdicts`).
+
 Example
 -------
 >>> result = measure(numel=1 << 14, rounds=1, formats=["bfloat16"], threads=1)
@@ -43,7 +48,7 @@ from typing import Any
 
 import torch
 
-from ..._compute import codecs, native
+from ..._compute import codecs, fused_update, native
 from ..._compute.formats import FORMATS, MomentFormat, RoundingKey, moment_format
 from ..._compute.kernel import adamw
 
@@ -116,8 +121,10 @@ def measure(
     seconds: dict[str, list[float]] = {k: [] for k in contenders}
     reads, writes = [], []
     try:
-        for _ in range(rounds + 1):  # round 0 warms up and is dropped
-            for name, call in contenders.items():
+        order = list(contenders.items())
+        for r in range(rounds + 1):  # round 0 warms up and is dropped
+            # A rotating order: no contender always runs right after the same one (caches, clocks).
+            for name, call in order[r % len(order):] + order[: r % len(order)]:
                 t0 = time.perf_counter()
                 out = call()
                 seconds[name].append(time.perf_counter() - t0)
@@ -144,7 +151,9 @@ def measure(
         }
         if f"update/{name}" in per_s:
             summary[name]["update_params_per_s"] = per_s[f"update/{name}"]
-    result = {"numel": numel, "rounds": rounds, "threads": threads, "params_per_s": per_s, "summary": summary}
+    result = {"numel": numel, "rounds": rounds, "threads": threads, "params_per_s": per_s, "summary": summary,
+              "seconds": {k: v[1:] if len(v) > 1 else v for k, v in seconds.items()}}
+    result["compiled"] = {name: fused_update.kernel(name) is not None for name in COMPILED_TARGETS}
     if floor is not None:
         nbytes = floor.nbytes
         read_gbps = nbytes / statistics.median(reads[1:] or reads) / 1e9
@@ -155,6 +164,38 @@ def measure(
             row["drive_measured_params_per_s"] = 1 / (row["bytes_per_param"] / (read_gbps * 1e9)
                                                       + row["bytes_per_param"] / (write_gbps * 1e9))
     return result
+
+
+COMPILED_TARGETS = ("int8", "bfloat16")  # formats the compiled fused update implements
+SOURCE = "docs/formats.md (Speed)"
+
+
+def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per format the compiled update runs: its params/s / the torch-ops update's, round by round, > 1.
+
+    A format measured without its ``@torch`` twin, or on a machine where the
+    compiled update does not run it (no compiler, or its self-check refused
+    it), has no target here.
+
+    Example
+    -------
+    >>> r = {"compiled": {"int8": True}, "seconds": {"update/int8": [1.0, 1.0, 1.0],
+    ...      "update/int8@torch": [2.0, 2.4, 2.2]}}
+    >>> [(v["key"], v["verdict"], v["median"]) for v in verdicts(r)]
+    [('compiled_vs_torch[int8]', 'PASS', 2.2)]
+    """
+    from .verdict import Target, judge
+
+    out = []
+    seconds = result.get("seconds", {})
+    for name in COMPILED_TARGETS:
+        ours, theirs = seconds.get(f"update/{name}"), seconds.get(f"update/{name}@torch")
+        if not ours or not theirs or not result.get("compiled", {}).get(name):
+            continue
+        out.append(judge(Target(f"compiled_vs_torch[{name}]", f"whole {name} update, all in RAM: compiled params/s / "
+                                "torch ops' (= torch ops' time / compiled; round by round)", ">", 1.0,
+                                source=SOURCE), [t / o for o, t in zip(ours, theirs) if o > 0]))
+    return out
 
 
 def _suspended(call: Callable[[], Any]) -> Callable[[], Any]:
