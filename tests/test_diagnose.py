@@ -1,9 +1,12 @@
-"""``tierstore.diagnose``: peaks classified by where they come from, exact byte counts, the CLI.
+"""``tierstore.diagnose``: peaks classified by where they come from, exact byte counts, labels, the CLI.
 
 On the CPU (process RSS): a model whose memory is its optimizer state (a big
 Linear, a tiny batch) and one whose memory is activations (tiny weights, a
 huge batch) must be told apart; the byte counts of weights, gradients and
-AdamW state are exact; the CLI prints a table or JSON.
+AdamW state are exact; every figure says whether it was measured, counted or
+estimated, and no estimate is ever called measured; the verdict's arithmetic
+(a ``ram_budget`` and the peak's drop net of TieredAdamW's own RAM) holds by
+hand; the CLI prints a table or JSON.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import gc
 import json
 import mmap
+import re
 import textwrap
 from pathlib import Path
 
@@ -19,8 +23,18 @@ import torch
 from torch import nn
 
 from tierstore import TieredAdamW
+from tierstore._layout.budget import OVERHEAD_BYTES
 from tierstore.cli import main
-from tierstore.diagnose import MemoryReport, RssProbe, _verdict, default_loss, diagnose
+from tierstore.diagnose import Figure, MemoryReport, RssProbe, default_loss, diagnose
+from tierstore.diagnose.report import COUNTED, ESTIMATED, KINDS, MEASURED
+from tierstore.diagnose.verdict import verdict
+
+MiB = 1 << 20
+
+
+def budget_plus_overhead(budget: int | None) -> tuple[int | None, int]:
+    """A stand-in for the planner: TieredAdamW fills its ram_budget and adds the fixed overhead."""
+    return budget, (budget or 0) + OVERHEAD_BYTES
 
 
 def state_heavy() -> tuple[nn.Module, torch.Tensor]:
@@ -99,32 +113,105 @@ def test_memory_limit_sizes_the_suggested_budget() -> None:
     assert "no room" in tight.advice
 
 
+def cpu_verdict(**kw):
+    args = dict(device_type="cpu", params=250 * MiB, grads=250 * MiB, state=1000 * MiB, activations=10 * MiB,
+                activations_kind=COUNTED, peak=2500 * MiB, limit=None, tiered=budget_plus_overhead)  # fmt: skip
+    return verdict(**{**args, **kw})
+
+
 @pytest.mark.parametrize(
     ("limit", "budget"),
     [
-        (None, 250 << 20),  # no limit: a quarter of the state
-        # limit - (peak - state) - 5% headroom = 2000 - 1500 - 100 = 400 MiB of the 1000 MiB state
-        (2000 << 20, 400 << 20),
-        (1000 << 20, None),  # the rest of the peak (1500 MiB) alone exceeds the limit: no budget helps
+        (None, 250 * MiB),  # no limit: a quarter of the 1000 MiB state
+        # limit - (peak - state) - 5% headroom - TieredAdamW's fixed overhead = 2000 - 1500 - 100 - 16 = 384 MiB
+        (2000 * MiB, 2000 * MiB - 1500 * MiB - 100 * MiB - OVERHEAD_BYTES),
+        (1000 * MiB, None),  # the rest of the peak (1500 MiB) alone exceeds the limit: no budget helps
     ],
 )
 def test_verdict_arithmetic_on_the_cpu(limit: int | None, budget: int | None) -> None:
-    mib = 1 << 20  # 1 MiB
-    dominant, advice, suggested = _verdict(
-        device=torch.device("cpu"), params=250 * mib, grads=250 * mib, state=1000 * mib,
-        activations=10 * mib, peak=2500 * mib, limit=limit,
-    )
-    assert dominant == "optimizer_state"
-    assert suggested == budget
+    found = cpu_verdict(limit=limit)
+    assert found.dominant == "optimizer_state"
+    assert found.suggested_ram_budget == budget
     if budget is not None:
-        assert f'ram_budget="{budget >> 20}MiB"' in advice
+        assert f'ram_budget="{budget >> 20}MiB"' in found.advice
+        drop = {f.name: f for f in found.estimates}["peak drop with TieredAdamW"]
+        # The peak drops by the state minus what TieredAdamW itself holds: the budget and the fixed overhead.
+        assert drop.nbytes == 1000 * MiB - budget - OVERHEAD_BYTES and drop.kind == ESTIMATED
+
+
+def test_verdict_subtracts_the_arena_the_planner_raises_the_budget_to() -> None:
+    """A budget below the streaming arena is raised to it: the drop is net of that, not of the asked budget."""
+    arena = 300 * MiB
+
+    def planner(budget: int | None) -> tuple[int | None, int]:
+        used = max(budget or 0, arena)
+        return used, used + OVERHEAD_BYTES
+
+    found = cpu_verdict(tiered=planner)  # asks a quarter, 250 MiB: below the arena
+    assert found.suggested_ram_budget == arena
+    figures = {f.name: f for f in found.estimates}
+    assert figures["peak drop with TieredAdamW"].nbytes == 1000 * MiB - arena - OVERHEAD_BYTES
+    assert "raised from 250.00 MiB" in figures["suggested ram_budget"].how
+
+
+def test_verdict_on_a_state_smaller_than_tieredadamws_own_ram_advises_against_offloading() -> None:
+    found = cpu_verdict(params=100, grads=100, state=4 * MiB, activations=1000, peak=300 * MiB)
+    assert found.dominant == "optimizer_state" and found.suggested_ram_budget is None
+    assert "does not lower the peak" in found.advice and "Keep torch.optim.AdamW" in found.advice
+    assert {f.name: f.nbytes for f in found.estimates}["peak drop with TieredAdamW"] == 0
 
 
 def test_verdict_picks_the_larger_movable_part() -> None:
-    common = dict(device=torch.device("cpu"), params=100, grads=100, peak=10_000, limit=None)
-    assert _verdict(state=200, activations=300, **common)[0] == "activations"
-    assert _verdict(state=300, activations=200, **common)[0] == "optimizer_state"
-    assert _verdict(state=0, activations=90, **common)[0] == "parameters"  # both under half of weights + grads
+    common = dict(params=100, grads=100, peak=10_000)
+    assert cpu_verdict(state=200, activations=300, **common).dominant == "activations"
+    assert cpu_verdict(state=300, activations=200, **common).dominant == "optimizer_state"
+    assert cpu_verdict(state=0, activations=90, **common).dominant == "parameters"  # both under half of weights + grads
+
+
+#: Figures that are arithmetic, never a measurement.
+ESTIMATES = ("suggested ram_budget", "ram_budget considered", "TieredAdamW's host RAM", "peak drop with TieredAdamW", "GPU memory freed",
+             "halving the batch saves")  # fmt: skip
+SIZE = r"\d[\d,]*(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB)"
+
+
+@pytest.mark.parametrize("heavy", ["state", "activations"])
+def test_every_figure_says_how_it_was_obtained_and_no_estimate_is_measured(heavy: str) -> None:
+    model, batch = state_heavy() if heavy == "state" else activation_heavy(rows=100_000)
+    report = diagnose(model, batch, mse)
+    data = json.loads(json.dumps(report.to_dict()))
+    kinds = {f["name"]: f["kind"] for f in data["figures"]}
+    assert set(kinds.values()) <= set(KINDS) and all(f["how"] for f in data["figures"])
+    assert {p["kind"] for p in data["phases"]} == {MEASURED}
+    for name in ("peak", "process baseline", "forward growth"):
+        assert kinds[name] == MEASURED, name
+    for name in ("parameters", "gradients", "optimizer state", "saved for backward"):
+        assert kinds[name] == COUNTED, name
+    estimates = [n for n in kinds if n in ESTIMATES]
+    assert estimates, kinds  # each verdict estimates something: a drop, or what halving the batch saves
+    assert all(kinds[n] == ESTIMATED for n in estimates), kinds
+    # Activations say which source gave them, with that source's kind.
+    assert report.activations_from in ("forward growth", "saved for backward")
+    assert kinds["activations"] == kinds[report.activations_from]
+    assert report.activation_bytes == report.figure(report.activations_from).nbytes
+    # The text: each figure's row names its kind; an estimate's row never says measured.
+    text = str(report)
+    for fig in report.figures:
+        row = next(line for line in text.splitlines() if line.strip().startswith(fig.name + " "))
+        assert re.search(rf"\b{fig.kind}\b", row), row
+        if fig.kind == ESTIMATED:
+            assert "measured" not in row, row
+    # The verdict's sentences quote no number without its kind (or "given", for the user's own limit).
+    sentences = "\n".join(text.splitlines()[-2:])
+    untagged = [m.group(0) for m in re.finditer(rf"{SIZE}(?! \((?:{'|'.join(KINDS)}|given)\))", sentences)]
+    assert not untagged, (untagged, sentences)
+    assert "dominated by" not in text
+    assert re.search(r"largest (movable )?part: \w[\w ]* \((\d+%|under 1%) of the peak; the process baseline is "
+                     rf"{SIZE} \(measured\)", text), text  # fmt: skip
+
+
+def test_an_estimate_cannot_be_labelled_with_an_unknown_kind() -> None:
+    with pytest.raises(ValueError, match="kind 'guessed'"):
+        Figure("peak drop with TieredAdamW", 1, "guessed", "a guess")
 
 
 def test_report_table_and_dict() -> None:
