@@ -471,3 +471,44 @@ def test_codec_script_prints_hardware_and_verdicts_and_writes_per_round_seconds(
         assert doc["verdict"] == "UNDECIDED" and "targets: 1 UNDECIDED" in text
     else:  # no C compiler: the comparison does not apply
         assert doc["verdicts"] == [] and "no compiled kernel here" in text
+
+
+# -- bench/ram_budget.py: peak RSS growth per mode against the budget + 16 MiB ------------------
+def test_ram_budget_judges_each_mode_against_budget_plus_the_fixed_overhead():
+    rb = _bench_script("ram_budget")
+    from tierstore.testing.memory import OVERHEAD_BYTES
+
+    budget = 96 << 20
+    rows = [{"mode": "direct", "ram_budget": budget, "peak_growth": budget + OVERHEAD_BYTES},
+            {"mode": "mmap", "ram_budget": budget, "peak_growth": budget + OVERHEAD_BYTES + 1}]
+    assert [(v["key"], v["verdict"]) for v in rb.verdicts(rows)] == [("peak_rss[direct]", "PASS"),
+                                                                     ("peak_rss[mmap]", "FAIL")]
+    assert all(v["target"]["min_repeats"] == 1 for v in rb.verdicts(rows))  # a peak over a run: one measurement
+
+
+@pytest.mark.parametrize(("value", "expected"), [("96MiB", 96 << 20), ("1/8", 10**6), ("12.5%", 10**6), ("0.125", 10**6)])
+def test_ram_budget_reads_its_budget_with_the_apis_parser(value, expected, tmp_path, capsys, monkeypatch):
+    rb = _bench_script("ram_budget")
+    ran = []
+    monkeypatch.setattr(rb, "_run", lambda name, scenario, config, reports: ran.append(config) or {
+        "mode": name, "ram_budget": config["ram_budget"], "peak_growth": 1 << 20, "within": True})
+    out = tmp_path / "rb.json"
+    assert rb.main(["--params", "1e6", "--ram-budget", value, "--only", "direct", "--dir", str(tmp_path),
+                    "--json", str(out)]) == 0
+    assert [c["ram_budget"] for c in ran] == [expected]
+    doc = json.loads(out.read_text())
+    assert doc["ram_budget"] == expected and doc["verdict"] == "PASS" and doc["hardware"].startswith("hardware: ")
+    assert capsys.readouterr().out.startswith("hardware: ")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--ram-budget", "150%"], "--ram-budget='150%' is a share of 1.5 of the state"),
+    (["--ram-budget", "1/0"], "--ram-budget='1/0' divides by zero"),
+    (["--only", "direct,floppy"], "--only lists unknown ['floppy']"),
+])  # fmt: skip
+def test_ram_budget_refuses_bad_options_before_it_makes_anything(argv, message, tmp_path, capsys):
+    rb = _bench_script("ram_budget")
+    with pytest.raises(SystemExit) as done:
+        rb.main([*argv, "--dir", str(tmp_path)])
+    assert done.value.code == 2 and message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
