@@ -14,6 +14,10 @@ the library.
   that stays in L2 would cost);
 - ``multiply``: the encode's divide by the block scale made a multiply.
 
+A diagnostic, not a claim: no target applies (the report says so under the
+hardware line and each variant's time / full's as the median of per-round
+ratios with its range).
+
 Usage::
 
     python bench/kernel_parts.py --numel 16Mi --rounds 9 --json bench/results/kernel-parts.json
@@ -33,7 +37,9 @@ import torch
 from tierstore._compute import formats, fused_update, native
 from tierstore._compute.hyper import GroupHyper
 from tierstore._platform import torch_private
-from tierstore.cli.bench.report import machine_info, write_json
+from tierstore.cli.bench.report import hardware_line, machine_info, write_json
+from tierstore.cli.bench.step_report import ratio_text
+from tierstore.cli.bench.verdict import format_verdicts
 from tierstore.cli.bench.workload import parse_elements
 
 CHUNK = 1 << 18  # elements per kernel call, as the update's chunks
@@ -113,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [v for v in names if v not in VARIANTS]
     if unknown or "full" not in names:
         raise SystemExit(f"kernel_parts.py: --variants {args.variants!r}: known are {', '.join(VARIANTS)}, full included")
+    machine = machine_info(None)
+    print(hardware_line(machine), flush=True)
     kernels = {name: build(name) for name in names}
     work = Workload(numel)
     for k in kernels.values():  # warm-up: moments become those of a few steps
@@ -126,16 +134,19 @@ def main(argv: list[str] | None = None) -> int:
     full = times["full"]
     results = {name: {"ns_per_param": statistics.median(t) / numel * 1e9,
                       "params_per_s": numel / statistics.median(t),
-                      "paired_vs_full": statistics.median(a / b for a, b in zip(t, full)), "seconds": t}
+                      "paired_vs_full": statistics.median(a / b for a, b in zip(t, full)),
+                      "paired_rounds": [a / b for a, b in zip(t, full)], "seconds": t}
                for name, t in times.items()}  # fmt: skip
     fast = next(iter(kernels.values())).fast
     print(f"compiled int8 update, 1 thread, {numel:,} cold elements, {'AVX2+FMA' if fast else 'baseline'} variant:")
     for name, row in results.items():
         print(f"  {name:11s} {row['ns_per_param']:.2f} ns/param  {row['params_per_s'] / 1e6:6.0f} M params/s  "
-              f"{row['paired_vs_full']:.3f}x full's time")
+              f"time / full's {ratio_text(row['paired_rounds'])}")
+    print(format_verdicts([]) + " (a diagnostic: where the time goes, no stated target)")
     if args.json:
         doc = {"tool": "bench/kernel_parts.py", "argv": sys.argv, "numel": numel, "rounds": args.rounds,
-               "avx2_variant": fast, "machine": machine_info(None), "results": results}
+               "avx2_variant": fast, "machine": machine, "hardware": hardware_line(machine), "results": results,
+               "verdicts": []}
         print(f"wrote {write_json(args.json, doc)}")
     return 0
 

@@ -443,6 +443,7 @@ def test_kernel_parts_script_times_each_variant(tmp_path):
     doc = json.loads(out.read_text())
     assert set(doc["results"]) == {"full", "no_encode"} and doc["results"]["full"]["paired_vs_full"] == 1.0
     assert all(row["ns_per_param"] > 0 and len(row["seconds"]) == 2 for row in doc["results"].values())
+    assert len(doc["results"]["no_encode"]["paired_rounds"]) == 2 and doc["hardware"].startswith("hardware: ")
     with pytest.raises(SystemExit, match="known are"):
         parts.main(["--variants", "no_such_part"])
 
