@@ -202,7 +202,13 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check here (the CPU path is covered by the test suite)")
         return 0
-    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "checks": [], "timing": []}
+    from tierstore.cli.bench.report import hardware_line, machine_info
+
+    machine = machine_info()
+    # The GPU is not in the host's hardware line: name it beside it.
+    print(f"{hardware_line(machine)}; GPU {torch.cuda.get_device_name()}", flush=True)
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "machine": machine,
+               "hardware": f"{hardware_line(machine)}; GPU {torch.cuda.get_device_name()}", "checks": [], "timing": []}
     for fmt in args.moment_dtype.split(","):
         for dtype in (torch.float32, torch.bfloat16):
             for budget in (None, "2MiB"):
