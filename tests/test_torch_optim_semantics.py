@@ -237,3 +237,28 @@ def test_deepcopy_is_refused_with_the_fix() -> None:
     twin = copy.copy(opt)  # a shallow copy shares the running state (wrappers rely on it)
     assert twin.step_count == opt.step_count
     opt.close()
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        pytest.param(lambda e: e.pop("exp_avg"), "has a step but no exp_avg;", id="missing-exp_avg"),
+        pytest.param(lambda e: e.pop("exp_avg_sq"), "has a step but no exp_avg_sq;", id="missing-exp_avg_sq"),
+        pytest.param(lambda e: e.update(exp_avg=None), "exp_avg of parameter 0 is NoneType, expected a tensor", id="none"),
+        pytest.param(lambda e: e.update(exp_avg_sq=[1.0, 2.0]), "exp_avg_sq of parameter 0 is list", id="list"),
+    ],
+)
+def test_a_state_dict_missing_or_mistyped_moment_is_refused_not_zero_filled(edit, match) -> None:
+    """torch.optim.AdamW fails at its next step on such a state; TieredAdamW refuses it and keeps its own."""
+    w = torch.nn.Parameter(torch.ones(4))
+    opt = TieredAdamW([w], lr=0.1)
+    w.grad = torch.ones(4)
+    opt.step()
+    before = opt.state_dict()
+    bad = copy.deepcopy(before)
+    edit(bad["state"][0])
+    with pytest.raises(ConfigError, match=match):
+        opt.load_state_dict(bad)
+    after = opt.state_dict()["state"][0]
+    assert all(torch.equal(after[k], before["state"][0][k]) for k in ("exp_avg", "exp_avg_sq"))
+    opt.close()

@@ -409,11 +409,25 @@ def incoming_state(
                 incoming[i] = extras
             continue
         for key in STATE_KEY_OF_FIELD.values():
+            if key in entry and not isinstance(entry[key], Tensor):
+                raise ConfigError(
+                    f"loaded {key} of parameter {i} is {type(entry[key]).__name__}, expected a tensor of "
+                    f"{meta.numel} elements (shape {meta.shape}); load a state dict saved by TieredAdamW or "
+                    "torch.optim.AdamW"
+                )
             if key in entry and entry[key].numel() != meta.numel:
                 raise ConfigError(
                     f"loaded {key} of parameter {i} has {entry[key].numel()} elements, the parameter "
                     f"has {meta.numel} (shape {meta.shape})"
                 )
+        # A parameter that has taken a step has both moments: a missing one is never made up as zeros
+        # (torch.optim.AdamW fails at its next step on such a state; this fails before loading anything).
+        missing = [key for key in ("exp_avg", "exp_avg_sq") if "step" in entry and key not in entry]
+        if missing:
+            raise ConfigError(
+                f"loaded state of parameter {i} has a step but no {' and no '.join(missing)}; load a state dict "
+                "saved by TieredAdamW or torch.optim.AdamW whole, or drop the parameter's entry to start it fresh"
+            )
         incoming[i] = entry
     return incoming, others
 

@@ -33,6 +33,9 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from pickle import (
+    UnpicklingError,  # torch.load(weights_only=True)'s refusal; nothing here unpickles
+)
 from typing import Any
 
 import torch
@@ -175,7 +178,14 @@ class TieredTrainer(transformers.Trainer):
         if not os.path.isfile(scheduler):
             raise CorruptStateError(f"checkpoint {checkpoint!r} has its optimizer state but no {SCHEDULER_NAME}: "
                                     "copy the checkpoint folder whole")  # fmt: skip
-        with warnings.catch_warnings(record=True) as caught:  # as Trainer loads it
-            self.lr_scheduler.load_state_dict(torch.load(scheduler, weights_only=True))
+        try:
+            with warnings.catch_warnings(record=True) as caught:  # as Trainer loads it
+                saved = torch.load(scheduler, weights_only=True)
+        except UnpicklingError as exc:  # weights_only refused it: torch's message advises weights_only=False
+            raise CorruptStateError(
+                f"checkpoint {checkpoint!r}: {SCHEDULER_NAME} holds more than tensors and plain values, so it is not "
+                "loaded (it could run code); resume from a checkpoint saved by Trainer, or delete the file"
+            ) from exc
+        self.lr_scheduler.load_state_dict(saved)
         reissue_pt_warnings(caught)
         return None
