@@ -11,7 +11,7 @@ that folder as two entries:
   ``ram_budget``, a checksum per chunk). It is a copy, independent of the
   state directory, so it stays valid while training goes on and the state
   directory keeps committing (its files are rewritten in place, so hard
-  links could not do that; this machine's ext4 has no reflinks). It costs
+  links could not do that; reflinks are not used yet). It costs
   the state's bytes once on disk (the moments, and the masters when kept,
   in their stored format).
 - ``tierstore_optimizer.json``: the **reference**, written after the
