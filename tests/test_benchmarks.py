@@ -458,3 +458,28 @@ def test_formats_step_cpu_split_shares_and_a_sub_tick_step():
     assert sum(shares.values()) == pytest.approx(1.0)
     assert fs._cpu_split(before, before) is None  # no tick elapsed
     assert fs._cpu_split(None, after) is None  # no /proc/stat
+
+
+@pytest.mark.parametrize(
+    ("name", "plot"),
+    [("step-disk-2e8", True), ("io", True), ("durability-5e7", False), ("overlap-stream-5e7", False),
+     ("formats-step-2e8-14", False), ("ab-checksums-2e8", False), ("ram-budget-1.2e8", False)],
+)
+def test_replot_re_renders_committed_results_with_their_verdicts(name, plot, tmp_path, capsys):
+    """The committed JSON of every kind of benchmark is re-read by today's code: report, verdicts, plot."""
+    replot = _bench_module("replot")
+    root = os.path.join(os.path.dirname(__file__), "..", "bench", "results")
+    png = tmp_path / f"{name}.png"
+    assert replot.main([os.path.join(root, f"{name}.json"), *(["--plot", str(png)] if plot else [])]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("hardware: ") and "targets: " in text
+    assert not plot or png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_replot_refuses_a_json_it_cannot_re_render(tmp_path, capsys):
+    replot = _bench_module("replot")
+    path = tmp_path / "x.json"
+    path.write_text('{"kills": 3}')
+    with pytest.raises(SystemExit) as done:
+        replot.main([str(path)])
+    assert done.value.code == 2 and "cannot re-render" in capsys.readouterr().err

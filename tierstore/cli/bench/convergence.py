@@ -302,7 +302,7 @@ def contender_label(name: str) -> str:
     Example
     -------
     >>> contender_label("ours-int8-nearest-raw")
-    'ablation: int8 moments without the square root of exp_avg_sq'
+    'ablation: int8 moments, the second moment stored without its square root'
     >>> contender_label("bnb-adamw8bit"), contender_label("ours-bfloat16")
     ('bitsandbytes AdamW8bit (8-bit moments)', 'TieredAdamW, bfloat16 moments')
     """
@@ -320,7 +320,7 @@ def contender_label(name: str) -> str:
     if "stochastic" in parts:
         words.append("stochastic rounding")
     if "raw" in parts:
-        words = [f"{parts[0]} moments without the square root of exp_avg_sq"]
+        words = [f"{parts[0]} moments, the second moment stored without its square root"]
     return "ablation: " + ", ".join(words)
 
 
@@ -329,17 +329,17 @@ def _style(name: str, i: int) -> tuple[str, str]:
 
 
 def plot(results: dict[str, Any], path: str) -> None:
-    """One column per model: the eval-loss curves of its first batch seed, and below them each
+    """One row per model: the eval-loss curves of its first batch seed, and beside them each
     contender's final eval loss against fp32 AdamW's, one dot per seed, with the target."""
     from .report import new_figure, save_figure
 
     models = by_model(results)
     names = list(models)
-    fig, axes = new_figure(len(names), width=7.0, height=4.4, nrows=2, height_ratios=[1.0, 0.85])
+    fig, axes = new_figure(2, width=7.0, height=5.6, nrows=len(names))
     found = {v["key"]: v for v in verdicts(results)}
-    for col, model in enumerate(names):
+    for row, model in enumerate(names):
         seeds = models[model]
-        curves, finals = axes[col], axes[len(names) + col]
+        curves, finals = axes[2 * row], axes[2 * row + 1]
         first = seeds[min(seeds)]
         contenders = [n for n in first["contenders"] if "eval" in first["contenders"][n]]
         for i, name in enumerate(contenders):

@@ -401,7 +401,7 @@ def plot(document: dict[str, Any], path: Path | str, *, title: str) -> Path:
     return save_figure(fig, path)
 
 
-SHORT = {"ram_vs_torch": "RAM vs torch", "over_floor": "step / floor", "peer_over_ours": "peer / ours",
+SHORT = {"ram_vs_torch": "RAM vs torch", "over_floor": "step / floor", "peer_over_ours": "DeepSpeed-style / ours",
          "durable_over_not_durable": "durable / not", "vs_float32": "vs float32", "peak_rss": "peak RSS",
          "page_cache": "page cache"}
 
