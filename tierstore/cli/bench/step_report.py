@@ -355,8 +355,8 @@ def plot(document: dict[str, Any], path: Path | str, *, title: str) -> Path:
     if floor:
         # Two lines a few pixels apart read as one smudge: within 5%, one line names both.
         same = bandwidth and abs(bandwidth - floor) <= SAME_FLOOR * floor
-        both = f" (the bandwidth floor, {bandwidth:.3g} s, is within 5%)" if same and bandwidth != floor else \
-            (" (= the bandwidth floor)" if same else "")
+        both = "" if not same else " (= the bandwidth floor)" if f"{bandwidth:.3g}" == f"{floor:.3g}" \
+            else f" (the bandwidth floor, {bandwidth:.3g} s, is within 5%)"
         refs.append((floor, "-", f"I/O floor {floor:.3g} s: the fastest way found to read and write the same bytes "
                      "with no update" + both))
         if bandwidth and not same:
