@@ -262,3 +262,19 @@ def test_a_state_dict_missing_or_mistyped_moment_is_refused_not_zero_filled(edit
     after = opt.state_dict()["state"][0]
     assert all(torch.equal(after[k], before["state"][0][k]) for k in ("exp_avg", "exp_avg_sq"))
     opt.close()
+
+
+@pytest.mark.parametrize(
+    ("loaded", "match"),
+    [
+        ({"tierstore_snapshot": {"step_count": 3}}, "is a reference .* resume through the same integration"),
+        ({"state": {}}, r"has \['state'\]; expected a dict with 'state' and 'param_groups'"),
+        ([1, 2], "has list; expected a dict"),
+    ],
+    ids=["trainer-reference", "no-groups", "not-a-dict"],
+)
+def test_a_state_dict_that_is_not_one_is_refused_naming_what_it_is(loaded, match) -> None:
+    """A trainer checkpoint's reference loaded without its integration raised KeyError('param_groups')."""
+    w = torch.nn.Parameter(torch.ones(4))
+    with TieredAdamW([w], lr=0.1) as opt, pytest.raises(ConfigError, match=match):
+        opt.load_state_dict(loaded)

@@ -46,6 +46,7 @@ from ._layout.torch_format import (
     load_extra_state,
     packed_groups,
     param_steps,
+    require_state_dict,
 )
 from ._platform import torch_private
 from ._platform.dtensor import placed_like
@@ -539,6 +540,7 @@ class TieredAdamW(torch.optim.Optimizer):
             or a tensor has the wrong size. Nothing is loaded then.
         """
         self._runtime()
+        require_state_dict(state_dict)
         state_dict = dict(state_dict)
         for pre_hook in torch_private.optimizer_hooks(self, "load_state_dict_pre"):
             hook_result = pre_hook(self, state_dict)

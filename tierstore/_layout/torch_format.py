@@ -55,6 +55,10 @@ GROUP_DEFAULTS = {
 OWN_STATE_KEYS = frozenset({"step", *STATE_KEY_OF_FIELD.values()})
 
 
+#: The key of the small dict a trainer integration saves in a checkpoint in place of the optimizer's
+#: state (``tierstore.integrations``): the reference to a snapshot beside it, never the state.
+REFERENCE_KEY = "tierstore_snapshot"
+
 def step_tensor(step: float) -> Tensor:
     """A parameter's step count as torch's AdamW keeps it (an fp32 scalar tensor)."""
     # Note: always fp32 on the CPU, where the update runs; torch uses float64 when that is the
@@ -358,6 +362,34 @@ def require_amsgrad_field(groups: Sequence[Mapping[str, Any]], layout: Layout, s
             )
 
 
+def require_state_dict(state_dict: Any) -> None:
+    """Refuse what is not a torch optimizer state dict, naming what it is (before anything reads it).
+
+    Raises
+    ------
+    ConfigError
+        If it is not a mapping with ``state`` and ``param_groups``; a trainer
+        integration's reference (:data:`REFERENCE_KEY`) is named as one.
+
+    Example
+    -------
+    >>> require_state_dict({"state": {}, "param_groups": []})
+    """
+    if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= set(state_dict):
+        keys = sorted(map(str, state_dict)) if isinstance(state_dict, Mapping) else type(state_dict).__name__
+        if isinstance(state_dict, Mapping) and REFERENCE_KEY in state_dict:
+            raise ConfigError(
+                f"the loaded state dict is a reference ({REFERENCE_KEY!r}) to an optimizer snapshot that a trainer "
+                "integration wrote beside the checkpoint, not the state itself: resume through the same integration "
+                "(tierstore.integrations.accelerate.checkpoint_by_snapshot before load_state, TieredCheckpoints in "
+                "Lightning's callbacks, TieredTrainer for Hugging Face Trainer)"
+            )
+        raise ConfigError(
+            f"the loaded state dict has {keys}; expected a dict with 'state' and 'param_groups', as "
+            "torch.optim.AdamW.state_dict() and TieredAdamW.state_dict() return"
+        )
+
+
 def incoming_state(
     state_dict: Mapping[str, Any], param_groups: Sequence[Mapping[str, Any]], layout: Layout
 ) -> tuple[dict[int, dict[str, Any]], dict[Any, Any]]:
@@ -375,6 +407,7 @@ def incoming_state(
         invalid, amsgrad is used without the field, an id is unknown, or a
         tensor has the wrong number of elements.
     """
+    require_state_dict(state_dict)
     saved_groups = state_dict["param_groups"]
     if len(saved_groups) != len(param_groups):
         raise ConfigError(

@@ -66,6 +66,7 @@ from typing import Any
 
 from accelerate.utils import DistributedType
 
+from .._layout.torch_format import REFERENCE_KEY as _REFERENCE_KEY
 from ..errors import ConfigError, CorruptStateError
 from ..optimizer import TieredAdamW
 from .snapshot import (
@@ -79,8 +80,9 @@ from .snapshot import (
 
 __all__ = ["REFERENCE_KEY", "SnapshotCheckpoints", "checkpoint_by_snapshot"]
 
-#: The key of ``optimizer.bin``'s dict that holds the reference (``tierstore_optimizer.json``'s fields).
-REFERENCE_KEY = "tierstore_snapshot"
+#: The key of ``optimizer.bin``'s dict that holds the reference (``tierstore_optimizer.json``'s fields);
+#: its one home is torch_format, which refuses to load such a reference as a state.
+REFERENCE_KEY = _REFERENCE_KEY
 # accelerate saves the optimizers of these runs its own way (FSDP: save_fsdp_optimizer, DCP under FSDP2;
 # DeepSpeed and Megatron-LM: inside their engines), never through optimizer.bin: left as they are.
 _OWN_PATHS = (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM)

@@ -48,6 +48,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 
+from .._layout.torch_format import REFERENCE_KEY as _REFERENCE_KEY
 from ..errors import ConfigError, CorruptStateError
 from .snapshot import (
     has_trainer_snapshot,
@@ -62,8 +63,9 @@ log = logging.getLogger(__name__)
 
 #: The snapshot of ``x.ckpt`` lives in the folder ``x.ckpt.tierstore`` (``x.ckpt.tierstore-1`` for a second optimizer).
 SNAPSHOT_SUFFIX = ".tierstore"
-#: The key of the reference that stands in a checkpoint's ``optimizer_states`` for a ``TieredAdamW``.
-REFERENCE_KEY = "tierstore_snapshot"
+#: The key of the reference that stands in a checkpoint's ``optimizer_states`` for a ``TieredAdamW``;
+#: its one home is torch_format, which refuses to load such a reference as a state.
+REFERENCE_KEY = _REFERENCE_KEY
 
 
 def snapshot_folder(ckpt_path: str | os.PathLike, index: int = 0) -> Path:
