@@ -3,6 +3,11 @@
 - :mod:`tierstore.integrations.snapshot`: the trainer-neutral part (a reference
   file and a zarr snapshot inside the trainer's checkpoint folder; orphans).
 - :mod:`tierstore.integrations.hf`: Hugging Face ``Trainer`` (``TieredTrainer``).
+- :mod:`tierstore.integrations.lightning`: Lightning (the ``TieredCheckpoints`` callback).
+- :mod:`tierstore.integrations.accelerate`: accelerate's ``save_state``/``load_state``
+  (``checkpoint_by_snapshot``).
+- :mod:`tierstore.integrations.torch_file`: a torch ``optimizer.pt`` streamed in
+  through ``torch.load(mmap=True)``.
 
 Each trainer module imports its trainer, so import the one you use; this
 package imports none of them.
