@@ -512,3 +512,13 @@ def test_ram_budget_refuses_bad_options_before_it_makes_anything(argv, message, 
         rb.main([*argv, "--dir", str(tmp_path)])
     assert done.value.code == 2 and message in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_step_plot_title_wraps_so_many_targets_do_not_widen_the_figure(monkeypatch):
+    from tierstore.cli.bench import step_report
+
+    figures = _captured_figure(monkeypatch, step_report)
+    step_report.plot(_step_document(), "unused.png", title="tierstore bench step: " + "many words " * 40)
+    lines = figures[0]._suptitle.get_text().splitlines()
+    assert len(lines) > 2 and all(len(line) <= step_report.TITLE_CHARS for line in lines)
+    assert figures[0].get_size_inches()[0] == pytest.approx(10.0)

@@ -15,6 +15,7 @@ Example
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ SPLIT_LABELS = {
 SPLIT_COLOURS = {"read_wait": OKABE_ITO["sky blue"], "update": OKABE_ITO["bluish green"],
                  "write_wait": OKABE_ITO["vermillion"], "commit_wait": OKABE_ITO["reddish purple"],
                  "rest": OKABE_ITO["grey"]}
+TITLE_CHARS = 170  # a plot title's lines wrap here (the figure is 10 inches wide, 9-point text)
 SAME_FLOOR = 0.05  # the bandwidth floor within 5% of the I/O floor is drawn as one line, not two
 
 
@@ -393,10 +395,12 @@ def plot(document: dict[str, Any], path: Path | str, *, title: str) -> Path:
         legend_below(bottom_ax, ncol=2)
     else:
         bottom_ax.set_visible(False)
-    lines = [title]
+    # Wrapped: with several disk runs the targets run to a dozen, and one line would widen the figure.
+    lines = textwrap.wrap(title, TITLE_CHARS)
     found = verdicts(document)
     if found:
-        lines.append("targets: " + "; ".join(short_verdict(v, several=len(s.get("disk", {})) > 1) for v in found))
+        lines += textwrap.wrap("targets: " + "; ".join(short_verdict(v, several=len(s.get("disk", {})) > 1)
+                                                      for v in found), TITLE_CHARS)
     fig.suptitle("\n".join(lines), fontsize=9)
     return save_figure(fig, path)
 
@@ -418,9 +422,23 @@ def short_verdict(v: dict[str, Any], *, several: bool = False) -> str:
     kind, _, name = v["key"].partition("[")
     text = SHORT.get(kind, kind)
     if several and name:
-        text = f"{name.rstrip(']')} {text}"
+        text = f"{short_name(name.rstrip(']'))}: {text}"
     value = "" if v["repeats"] == 0 else _short_value(v["median"], v["target"]["unit"]) + " "
     return f"{text} {value}({v['target']['text']}) {v['verdict']}"
+
+
+def short_name(name: str) -> str:
+    """A disk contender in a few plain words, for a plot's title.
+
+    Example
+    -------
+    >>> short_name("tierstore-disk-not-durable-int8"), short_name("tierstore-disk-mmap")
+    ('on disk, not durable, int8', 'on disk, mmap')
+    """
+    if not name.startswith("tierstore-disk"):
+        return name
+    rest = name.removeprefix("tierstore-disk").replace("not-durable", "not durable")
+    return ", ".join(["on disk", *(part for part in rest.split("-") if part)])
 
 
 def _short_value(value: float, unit: str) -> str:
