@@ -8,16 +8,17 @@ budget holds after the arena).
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierstore import ConfigError, TieredAdamW
+from tierstore import BudgetError, ConfigError, TieredAdamW
 from tierstore._layout.budget import OVERHEAD_BYTES
 from tierstore.cli import main
-from tierstore.planner import Bandwidth, load_model, parse_count, plan_memory
+from tierstore.planner import Bandwidth, format_plan, load_model, parse_count, plan_memory, traffic
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -243,6 +244,126 @@ def test_step_time_and_endurance_by_hand() -> None:
     assert e.writes_per_1000_steps == 1000 * t.disk_write
     assert e.steps_to_exhaust == pytest.approx(600e12 / t.disk_write)
     assert e.endurance_days == pytest.approx(e.steps_to_exhaust * plan.step_time.lower_bound / 86400)
+
+
+# -- tiny to huge: every number makes sense for the model's size -------------------------
+def linear_10x10() -> torch.nn.Module:
+    return torch.nn.Linear(10, 10)  # 110 parameters
+
+
+def mlp_1m() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(1000, 500), torch.nn.ReLU(), torch.nn.Linear(500, 1000))  # 1,001,500
+
+
+def test_a_tiny_state_explains_its_padding_and_that_it_never_streams() -> None:
+    plan = plan_memory(load_model(f"{__name__}:linear_10x10"), host_ram=GiB)
+    # 8 B/param x 110 params = 880 B, but a shard holds whole 1,024-element pages: 8 KiB (4 KiB per moment).
+    assert plan.trainable_params == 110 and plan.state == 1024 * 8 and plan.padded_numel == 1024
+    text = format_plan(plan)
+    assert "x 110 params = 880 B unpadded, stored as 8.00 KiB: 1,024 elements per field" in text
+    assert "starts at a multiple of 64 elements" in text
+    assert "the whole state is no larger than a 4-slot streaming arena of its shards, so it never streams" in text
+    assert plan.host.stream_floor is None
+
+
+def test_a_budget_below_a_tiny_state_says_the_state_is_smaller_than_the_arena(tmp_path) -> None:
+    plan = plan_memory(load_model(f"{__name__}:linear_10x10"), host_ram=GiB, ram_budget=100)
+    [short] = plan.shortfalls
+    assert (short.resource, short.need, short.have) == ("ram_budget", 8192, 100)
+    whole = "the whole state (8.00 KiB, one 1,024-element shard) is smaller than the streaming arena (4 slots x 8.00 KiB)"
+    assert whole in short.fix and "give at least 8.00 KiB (8192 bytes) so it stays in RAM" in short.fix
+    assert "0 slots" not in short.fix and "+ 0 B" not in short.fix
+    # TieredAdamW says the same, and the minimum it names works.
+    w = torch.nn.Parameter(torch.zeros(110))
+    with pytest.raises(BudgetError) as refused:
+        TieredAdamW([w], ram_budget=100, state_dir=tmp_path / "a")
+    assert whole in str(refused.value) and "at least 8192 bytes" in str(refused.value)
+    assert "= 8.00 KiB" not in str(refused.value)  # not "4 slots x 8.00 KiB = 8.00 KiB"
+    with TieredAdamW([w], ram_budget=8192, state_dir=tmp_path / "b") as opt:
+        assert opt.plan.disk_shards == () and opt.ram_bytes == 8192
+
+
+@pytest.mark.parametrize("what", ["linear_10x10", "mlp_1m", "70B"])
+def test_plans_from_tiny_to_huge_read_right(capsys, what: str) -> None:
+    argv = ["--params", what] if what == "70B" else ["--model", f"{__name__}:{what}"]
+    rc, out, _ = _run(capsys, *argv, "--host-ram", "64GiB", "--state-dir", "/tmp", "--drive-tbw", "600")
+    assert rc == 0
+    assert "(0.00 GB)" not in out and "(0.0" not in out  # below a GB the decimal unit is MB
+    assert "0 slots" not in out
+    numbers = json.loads(_run(capsys, *argv, "--host-ram", "64GiB", "--json")[1])
+    bpp, n = numbers["state_bytes_per_param"], numbers["trainable_params"]
+    assert n * bpp <= numbers["state"] <= n * bpp + numbers["shards"] * 1024 * bpp + 64 * 8  # padding: < a page per shard
+    host = numbers["host"]
+    assert host["tierstore_total"] == host["ram_nbytes"] + host["overhead"] and host["budget"] <= host["all_resident"]
+    if what == "70B":  # it streams: the default budget leaves nothing beside 560 GB of weights and grads
+        assert numbers["verdict"] == "does not fit" and host["stream_floor"] == host["min_budget"] == host["budget"]
+    else:  # a small model: everything in RAM, no arena, no drive writes
+        assert numbers["verdict"] == "fits in host RAM" and host["arena"] == 0 and numbers["traffic"]["disk_write"] == 0
+
+
+# -- drive wear under the commit policy, by hand ---------------------------------------
+TB = 10**12
+MONTH_S = 365.25 / 12 * 86_400  # a month is 365.25 / 12 days
+
+
+def wear_plan(commit_every, **kw):
+    """10 Mi fp32 parameters on the CPU, all resident in 10 shards of 8 MiB, durable, 1 s a step, a 1 TBW drive."""
+    bw = Bandwidth(update_gparams=10 * MiB / 1e9)  # 10 Mi params at this rate: a step takes 1 s
+    return plan_memory(10 * MiB, host_ram=64 * GiB, shard_numel=1 << 20, durable=True, commit_every=commit_every,
+                       drive_tbw=1, bandwidth=bw, **kw)  # fmt: skip
+
+
+def test_wear_verdict_by_hand() -> None:
+    plan = wear_plan(10)
+    step_s = plan.step_time.lower_bound
+    assert step_s == pytest.approx(1.0) and plan.disk.disk_shards == 0  # nothing streams: commits are all the writes
+    # Each commit writes every resident shard (each has a gradient, so each changed) and the manifest:
+    # 80 MiB + (1 KiB + 192 B per shard x 10 shards + 128 B per parameter tensor x 1) = 83,889,152 B.
+    commit = 10 * 8 * MiB + (1024 + 192 * 10 + 128 * 1)
+    assert commit == 83_889_152 and plan.traffic.commit_write == commit
+    # commit_every=10: a tenth of a commit a step, 8,388,915.2 B; the 1 TBW rating lasts 119,205 steps = 1.38 days.
+    per_step = commit / 10
+    assert plan.endurance.steps_to_exhaust == pytest.approx(TB / per_step) == pytest.approx(119_204.9, abs=0.1)
+    assert plan.endurance.endurance_days == pytest.approx(TB / per_step * step_s / 86_400) == pytest.approx(1.3797, abs=1e-4)
+    assert plan.endurance.lasts is False
+    assert plan.wear == "the drive WEARS OUT: its 1 TBW last 1.4 days at commit_every=10, short of the 36-month lifetime"
+    # 36 months of 1 s steps is 94,672,800 steps; the rating affords 1e12 / 94,672,800 = 10,562.7 B a step, so a
+    # commit may come once every ceil(83,889,152 / 10,562.7) = 7,943 steps, and no more often.
+    steps = 36 * MONTH_S / step_s
+    assert steps == pytest.approx(94_672_800)
+    proposed = math.ceil(commit / (TB / steps))
+    assert proposed == 7943 == plan.endurance.commit_every_for_lifetime
+    assert traffic.lifetime_commit_every(streamed=0, commit=commit, affordable=TB / steps) == proposed
+    assert "commit_every=7943" in plan.endurance.fix
+
+
+def test_the_proposed_commit_every_makes_the_drive_last_the_stated_lifetime() -> None:
+    proposed = wear_plan(10).endurance.commit_every_for_lifetime
+    lasts, short = wear_plan(proposed), wear_plan(proposed - 1)
+    assert lasts.endurance.lasts is True and lasts.endurance.endurance_days >= 36 * MONTH_S / 86_400
+    assert short.endurance.lasts is False and short.endurance.endurance_days < 36 * MONTH_S / 86_400
+    # 1e12 B / (83,889,152 B / 7,943 steps) = 94,684,700 steps of 1 s = 1,095.9 days, just over 36 months (1,095.75).
+    assert lasts.wear.startswith("the drive's 1 TBW last 1,095.9 days (3.0 years) at commit_every=7943, beyond")
+    # A shorter lifetime needs a smaller commit_every, in proportion: 12 months, a third of 7,943 steps rounded up.
+    year = wear_plan(10, lifetime_months=12)
+    assert year.endurance.commit_every_for_lifetime == math.ceil(7943 / 3) == 2648
+    assert wear_plan(2648, lifetime_months=12).endurance.lasts and not wear_plan(2647, lifetime_months=12).endurance.lasts
+
+
+@pytest.mark.parametrize(
+    ("streamed", "commit", "affordable", "every"),
+    [
+        (0, 1000, 10.0, 100),  # 1000 B a commit, 10 B a step: every 100 steps
+        (4, 1000, 10.0, 167),  # streamed shards take 4 B a step: 1000 / 6 = 166.7 -> 167
+        (10, 1000, 10.0, None),  # the streamed shards alone use what the drive affords: no commit_every helps
+        (0, 5, 10.0, 1),  # a commit every step is affordable
+    ],
+)
+def test_lifetime_commit_every_by_hand(streamed: int, commit: int, affordable: float, every: int | None) -> None:
+    assert traffic.lifetime_commit_every(streamed=streamed, commit=commit, affordable=affordable) == every
+    if every is not None:
+        assert streamed + commit / every <= affordable
+        assert every == 1 or streamed + commit / (every - 1) > affordable
 
 
 def test_unknown_bandwidth_leaves_the_term_out() -> None:

@@ -71,6 +71,27 @@ class TierPlan:
         return self.state_nbytes - self.resident_nbytes
 
 
+def whole_state_text(layout: Layout) -> str:
+    """How a state too small to stream is named in messages: its size and its shards.
+
+    A state smaller than the streaming arena cannot stream (the arena alone
+    would take more RAM than keeping every shard resident), so the smallest
+    ``ram_budget`` that works is the whole state; messages say so in these words.
+
+    Example
+    -------
+    >>> import torch
+    >>> from tierstore._layout.layout import Layout
+    >>> w = torch.zeros(110, requires_grad=True)
+    >>> whole_state_text(Layout.build([[w]], shard_numel=1024, fields=("exp_avg", "exp_avg_sq")))
+    'the whole state (8.00 KiB, one 1,024-element shard)'
+    """
+    n = len(layout.shards)
+    shards = (f"one {layout.max_capacity:,}-element shard" if n == 1 else
+              f"{n:,} shards of up to {layout.max_capacity:,} elements")  # fmt: skip
+    return f"the whole state ({format_size(layout.state_nbytes)}, {shards})"
+
+
 def staging_nbytes(layout: Layout, buffers: int) -> int:
     """Bytes of ``buffers`` fp32 staging buffers, each as large as the largest shard."""
     return buffers * layout.max_capacity * STATE_ITEMSIZE
@@ -108,13 +129,21 @@ def plan_tiers(
         return TierPlan(everything, (), 0, layout.slot_nbytes, staging, state, state, ram_budget, scratch)
     arena = arena_slots * layout.slot_nbytes
     if arena + staging + scratch > ram_budget:
-        need = min(arena, state) + staging + scratch  # a state smaller than the arena fits whole
+        extras = (f" + {format_size(staging)} of staging" if staging else "") + (
+            f" + {format_size(scratch)} of {layout.format.name} decode scratch" if scratch else "")  # fmt: skip
+        if state < arena:  # it cannot stream: the arena alone takes more than keeping it all resident
+            need = state + staging + scratch
+            raise BudgetError(
+                f"ram_budget={format_size(ram_budget)} ({ram_budget} bytes) cannot hold the state, and "
+                f"{whole_state_text(layout)} is smaller than the streaming arena ({arena_slots} slots x "
+                f"{format_size(layout.slot_nbytes)}), so it cannot stream either: give ram_budget at least "
+                f"{need} bytes ({format_size(need)}: the state{extras}) so it stays in RAM, or ram_budget=None"
+            )
+        need = arena + staging + scratch
         raise BudgetError(
             f"ram_budget={format_size(ram_budget)} ({ram_budget} bytes) cannot hold the streaming "
-            f"arena: {arena_slots} slots x {format_size(layout.slot_nbytes)}"
-            + (f" + {format_size(staging)} of staging" if staging else "")
-            + (f" + {format_size(scratch)} of {layout.format.name} decode scratch" if scratch else "")
-            + f" = {format_size(need)}. Raise ram_budget to at least {need} bytes, or lower "
+            f"arena: {arena_slots} slots x {format_size(layout.slot_nbytes)}{extras} = {format_size(need)}. "
+            f"Raise ram_budget to at least {need} bytes, or lower "
             f"shard_numel (now {layout.shard_numel}) or prefetch_depth"
         )
     left = ram_budget - arena - staging - scratch

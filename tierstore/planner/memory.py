@@ -27,7 +27,7 @@ import torch
 
 from .._config.knobs import Knobs
 from .._config.registry import KNOBS
-from .._layout.budget import OVERHEAD_BYTES, TierPlan, plan_tiers, staging_nbytes
+from .._layout.budget import OVERHEAD_BYTES, TierPlan, plan_tiers, staging_nbytes, whole_state_text
 from .._layout.layout import DEFAULT_SHARD_NUMEL, Layout
 from .._layout.spec import StateSpec, decide
 from .._layout.spec import _stored_bytes_per_element as stored_bytes_per_element
@@ -284,15 +284,17 @@ def plan_memory(
             split = unbounded
     spec, layout, tiers = split.spec, split.layout, split.tiers
     budget = min(max(budget_given, split.min_budget), split.all_resident)
+    # A state no larger than the streaming arena cannot stream: its smallest budget is the whole state.
+    whole = whole_state_text(layout) if split.min_budget >= split.all_resident else None
     if budget_given < split.min_budget:
         why = (f"ram_budget is {format_size(budget_given)}" if not budget_is_default else
                "the default budget, 90% of host RAM minus the model's weights and grads, is "
                + (f"{format_size(budget_given)}" if default_room >= 0 else
                   f"nothing: the weights and grads take {format_size(-default_room)} more than that"))  # fmt: skip
-        notes.append(
-            f"the arithmetic is at ram_budget={format_size(split.min_budget)}, the smallest that holds the streaming "
-            f"arena and staging ({why})"
-        )
+        smallest = (f"{whole}, which is smaller than the streaming arena ({spec.arena_slots} slots x "
+                    f"{format_size(layout.slot_nbytes)}) and so stays in RAM" if whole else
+                    "the smallest that holds the streaming arena and staging")  # fmt: skip
+        notes.append(f"the arithmetic is at ram_budget={format_size(split.min_budget)}, {smallest} ({why})")
     elif budget_given > split.all_resident and not budget_is_default:
         notes.append(
             f"ram_budget={format_size(budget_given)} is more than the whole state takes in RAM "
@@ -312,6 +314,11 @@ def plan_memory(
     grad_buckets = 2 * DEFAULT_BUCKET_BYTES if on_gpu else 0  # attach()'s two pinned buckets, inside the overhead
     tierstore_total = tiers.ram_nbytes + OVERHEAD_BYTES
     host_fits = tierstore_total + host_model <= host_ram
+    floor = split
+    if not tiers.disk_shards and shard_numel is None:  # all resident: a small budget would pick smaller shards
+        with contextlib.suppress(ConfigError):  # so small that they would be too many: this layout's floor
+            floor = _split(tensors, decide_kw, 1, None)
+    stream_floor = floor.min_budget if floor.min_budget < floor.all_resident else None
     host = HostTier(
         ram=host_ram,
         budget=budget,
@@ -336,6 +343,7 @@ def plan_memory(
         model=host_model,
         total=tierstore_total + host_model,
         fits=host_fits,
+        stream_floor=stream_floor,
     )
     primary = tiers.state_nbytes if durable else tiers.disk_nbytes
     second = tiers.state_nbytes if durable else 0
@@ -373,7 +381,8 @@ def plan_memory(
         fits=None if torch_limit is None else torch_total <= torch_limit,
     )
 
-    shortfalls = _shortfalls(gpu_tier, host, disk, durable=durable, streamed=tiers.disk_nbytes)
+    shortfalls = _shortfalls(gpu_tier, host, disk, durable=durable, streamed=tiers.disk_nbytes,
+                             arena_slots=spec.arena_slots, whole=whole)  # fmt: skip
     if any(f.resource in ("host RAM", "ram_budget") for f in shortfalls):
         host = dataclasses.replace(host, fits=False, proposed_budget=host.budget)
     if shortfalls:
@@ -426,11 +435,19 @@ def plan_memory(
         wear=wear.summary(endurance, traffic),
         shortfalls=tuple(shortfalls),
         notes=tuple(notes),
+        padded_numel=layout.total_numel,
+        param_align=layout.param_align,
     )
 
 
-def _shortfalls(gpu: GpuTier, host: HostTier, disk: DiskTier, *, durable: bool, streamed: int) -> list[Shortfall]:
-    """Every resource the plan lacks, each with what would make it fit."""
+def _shortfalls(
+    gpu: GpuTier, host: HostTier, disk: DiskTier, *, durable: bool, streamed: int, arena_slots: int, whole: str | None
+) -> list[Shortfall]:
+    """Every resource the plan lacks, each with what would make it fit.
+
+    ``whole`` names the whole state when it is no larger than the streaming
+    arena of ``arena_slots`` slots (it cannot stream: its smallest budget is all of it).
+    """
     out = []
     b = both_units
     if gpu.fits is False and gpu.memory is not None:
@@ -444,12 +461,23 @@ def _shortfalls(gpu: GpuTier, host: HostTier, disk: DiskTier, *, durable: bool, 
     asked = host.budget_given
     room = host.ram - host.model - host.overhead  # the largest ram_budget this host holds
     too_small = asked < host.min_budget
-    if too_small and not host.budget_is_default:
+    if too_small and not host.budget_is_default and whole:
+        out.append(Shortfall(
+            "ram_budget", host.min_budget, asked,
+            f"ram_budget={format_size(asked)} cannot hold the state, and {whole} is smaller than the streaming "
+            f"arena ({arena_slots} slots x {format_size(host.slot)}), so it cannot stream either: give at least "
+            f"{format_size(host.min_budget)} ({host.min_budget} bytes"
+            + (f", {format_size(host.staging)} of it staging" if host.staging else "")
+            + ") so it stays in RAM, or ram_budget=None",
+        ))
+    elif too_small and not host.budget_is_default:
         out.append(Shortfall(
             "ram_budget", host.min_budget, asked,
             f"ram_budget={format_size(asked)} cannot hold the streaming arena and staging "
-            f"({host.arena_slots} slots x {format_size(host.slot)} + {format_size(host.staging)}): raise it to at "
-            f"least {format_size(host.min_budget)} ({host.min_budget} bytes)"
+            f"({arena_slots} slots x {format_size(host.slot)}"
+            + (f" + {format_size(host.staging)} of staging" if host.staging else "")
+            + (f" + {format_size(host.scratch)} of decode scratch" if host.scratch else "")
+            + f"): raise it to at least {format_size(host.min_budget)} ({host.min_budget} bytes)"
             + (f", at most {format_size(room)} on this host" if room >= host.min_budget else "")
             + ", or lower shard_numel or prefetch_depth",
         ))

@@ -2,26 +2,28 @@
 
 Example
 -------
->>> both_units(3 << 30), seconds_text(0.000004), days_text(0.01)
-('3.00 GiB (3.22 GB)', '4.0 µs', '14.4 min')
+>>> both_units(3 << 30), both_units(16 << 20), seconds_text(0.000004), days_text(0.01)
+('3.00 GiB (3.22 GB)', '16.00 MiB (16.78 MB)', '4.0 µs', '14.4 min')
 """
 
 from __future__ import annotations
 
 from .._compute.codecs import FORMATS
-from .._layout.layout import MOMENT_FIELDS, STATE_ITEMSIZE
+from .._layout.layout import MOMENT_FIELDS, PAGE_NUMEL, STATE_ITEMSIZE
 from ..sizes import format_size
 from .results import GB, MemoryPlan
 
-__all__ = ["format_plan", "both_units", "count_text", "seconds_text", "days_text", "MOMENT_BYTES"]
+__all__ = ["format_plan", "both_units", "count_text", "seconds_text", "days_text", "padding_text", "MOMENT_BYTES"]
 
 MOMENT_BYTES = {name: fmt.bytes_per_element for name, fmt in FORMATS.items()}  # per moment element, scales included
 
 
 def both_units(nbytes: int) -> str:
-    """Binary and decimal units side by side: people check both by hand."""
+    """Binary and decimal units side by side: people check both by hand (MB below a GB: never "0.00 GB")."""
     if nbytes < 1 << 20:
         return format_size(nbytes)
+    if nbytes < GB:
+        return f"{format_size(nbytes)} ({nbytes / 10**6:,.2f} MB)"
     return f"{format_size(nbytes)} ({nbytes / GB:,.2f} GB)"
 
 
@@ -62,6 +64,25 @@ def days_text(days: float | None) -> str:
     return seconds_text(seconds)
 
 
+def padding_text(plan: MemoryPlan) -> str | None:
+    """Why the stored state is larger than bytes per param x params, when the padding is worth a line (>= 1%).
+
+    Example
+    -------
+    >>> from tierstore.planner import plan_memory
+    >>> padding_text(plan_memory(110, host_ram=1 << 30)).split(":")[0]
+    '880 B unpadded, stored as 8.00 KiB'
+    """
+    unpadded = round(plan.trainable_params * plan.state_bytes_per_param)
+    if plan.state - unpadded < plan.state / 100:
+        return None
+    return (
+        f"{format_size(unpadded)} unpadded, stored as {format_size(plan.state)}: {plan.padded_numel:,} elements per "
+        f"field, as each parameter starts at a multiple of {plan.param_align} elements and a shard holds whole "
+        f"{PAGE_NUMEL:,}-element pages (4 KiB of fp32, as O_DIRECT needs)"
+    )
+
+
 def _budget_how(plan: MemoryPlan) -> str:
     h = plan.host
     parts = []
@@ -75,6 +96,19 @@ def _budget_how(plan: MemoryPlan) -> str:
         default = "default: 90% of host RAM" + (" minus the model" if h.model else "")
         return f" ({default}" + "".join(f"; {part}" for part in parts) + ")"
     return "".join(f"; {part}" for part in parts)
+
+
+def _smallest(plan: MemoryPlan) -> str:
+    """What the smallest ram_budget is: one that streams, or (a state no larger than the arena) the whole state."""
+    h = plan.host
+    if h.stream_floor is None:
+        return (
+            f"the whole state is no larger than a {plan.prefetch_depth + 2}-slot streaming arena of its shards, so "
+            f"it never streams: the smallest ram_budget is all of it, {format_size(h.min_budget)}"
+        )
+    if not plan.disk.disk_shards:
+        return "every shard resident: the budget holds the whole state"
+    return f"the smallest ram_budget that streams: {format_size(h.stream_floor)}"
 
 
 def _every(steps: float) -> str:
@@ -96,10 +130,12 @@ def format_plan(plan: MemoryPlan) -> str:
     moment_bytes = MOMENT_BYTES[p.moment_dtype]
     parts = " + ".join(f"{f} {moment_bytes if f in MOMENT_FIELDS else STATE_ITEMSIZE:.4g}" for f in p.fields)
     moments = "" if p.moment_dtype == "float32" else f", {p.moment_dtype} moments"
+    padded = padding_text(p)
     lines = [
         f"tierstore plan: {count_text(p.trainable_params)} trainable params ({count_text(p.frozen_params)} frozen), "
         f"{precision}, AdamW{' amsgrad' if p.amsgrad else ''}{moments}",
-        f"  optimizer state: {p.state_bytes_per_param:.3g} B/param ({parts}) = {b(p.state)}",
+        f"  optimizer state: {p.state_bytes_per_param:.3g} B/param ({parts})"
+        + (f" x {p.trainable_params:,} params = {padded}" if padded else f" = {b(p.state)}"),
         f"  shards: {p.shards:,} x {p.shard_numel:,} elements ({format_size(h.slot)} each)",
         "",
     ]
@@ -122,7 +158,7 @@ def format_plan(plan: MemoryPlan) -> str:
         + (f"{h.staging_buffers} x {format_size(h.staging // h.staging_buffers)} = {b(h.staging)}" if h.staging_buffers else "none (fp32 on the CPU)"),
         *([f"  decode scratch       {b(h.scratch)} ({p.moment_dtype} shards decode into fp32)"] if h.scratch else []),
         f"  resident state       {b(h.resident)} ({h.resident_shards:,} of {p.shards:,} shards)",
-        f"  = ram_budget's part  {b(h.ram_nbytes)} (the smallest ram_budget that streams: {format_size(h.min_budget)})",
+        f"  = ram_budget's part  {b(h.ram_nbytes)} ({_smallest(p)})",
         f"  fixed overhead       {format_size(h.overhead)} (interpreter, I/O threads, checkpoint and DCP buffers"
         + (f", {format_size(h.grad_buckets)} of gradient buckets" if h.grad_buckets else "") + ")",
         f"  tierstore total      {b(h.tierstore_total)} (peak RSS growth, measured by the tests)",

@@ -73,7 +73,7 @@ class HostTier:
     budget: int  # the ram_budget the arithmetic uses: at least min_budget, at most all_resident
     budget_is_default: bool
     budget_given: int  # what was asked (a share resolved to bytes), or the default (90% of RAM minus the model, >= 0)
-    min_budget: int  # arena + staging: the smallest ram_budget that streams
+    min_budget: int  # arena + staging with this layout's shards (or the whole state, when that is smaller)
     all_resident: int  # state + staging + decode scratch: the ram_budget that keeps every shard in RAM
     proposed_budget: int | None  # the ram_budget to give TieredAdamW; None: keep everything in RAM (it fits)
     arena_slots: int
@@ -92,6 +92,9 @@ class HostTier:
     model: int  # weights + grads of a model that trains on the CPU
     total: int
     fits: bool
+    # The smallest ram_budget that streams, with the shard size TieredAdamW picks for it (smaller shards than
+    # an all-resident layout's); None: the whole state is no larger than the streaming arena, so it never streams.
+    stream_floor: int | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,8 @@ class MemoryPlan:
     wear: str = ""  # the verdict's second half: how long the drive lasts under the commit policy
     shortfalls: tuple[Shortfall, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())
+    padded_numel: int = 0  # elements of the flat space per field, padding included (Layout.total_numel)
+    param_align: int = 64  # elements every parameter's start is a multiple of (64; 256 with int8 blocks)
 
     def to_dict(self) -> dict:
         """A JSON-able dict (all byte counts are ints, times in seconds)."""
