@@ -77,6 +77,7 @@ def test_bench_step_small_writes_json_and_png_and_cleans_up(tmp_path, capsys):
     assert disk["overlap_efficiency"] > 0 and disk["peer_over_ours"] > 0
     assert len(disk["peer_over_ours_rounds"]) == 1  # one round: one per-round ratio
     assert {v["verdict"] for v in doc["verdicts"]} == {"UNDECIDED"}  # --steps 1: fewer than 3 repeats
+    assert doc["verdict"] == "UNDECIDED" and doc["hardware"].startswith("hardware: ")
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert "I/O floor" in capsys.readouterr().out
 

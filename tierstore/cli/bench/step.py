@@ -57,7 +57,7 @@ from ...sizes import format_size, parse_budget, parse_size
 from . import resources, rss, workload
 from .floor import MODES, RawFloor
 from .peer import PipelinedSwapper
-from .report import machine_info, median, write_json
+from .report import hardware_line, machine_info, median, write_json
 from .step_report import durability_line, plot, ratios, render, round_floors, split_of, verdicts
 from .verdict import MIN_REPEATS, overall
 
@@ -583,6 +583,7 @@ def run(args: argparse.Namespace) -> int:
         "footprint": footprints,
         "notes": notes,
     }
+    document["hardware"] = hardware_line(document["machine"])
     document["verdicts"] = verdicts(document)
     document["verdict"] = overall(document["verdicts"])
     print(render(document, document["verdicts"]))
