@@ -120,10 +120,15 @@ def main(argv: list[str] | None = None) -> int:
                              f"{MIN_REPEATS})")
     parser.add_argument("--target", default="<=1.0",
                         help="what each configuration's step / the first's must meet (default '<=1.0': no slower)")
+    parser.add_argument("--no-durable", action="store_true",
+                        help="run every configuration that does not say \"durable\" with durable=False "
+                             "(how docs/tuning.md's tables were measured)")
     parser.add_argument("--json", type=Path, help="write the results here (nothing is written without it)")
     args = parser.parse_args(argv)
     numel = int(args.params)
     configs = json.loads(args.configs)
+    if args.no_durable:
+        configs = [{"durable": False, **c} for c in configs]
     try:  # the API's parsers and errors; a share is of the float32 state (8 B/param)
         budget = parse_budget(args.budget, state_bytes=numel * 8, name="--budget")
         target = parse_target(args.target)

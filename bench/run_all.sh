@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 run() { local name=$1; shift; echo "== $name: $*" | tee "$OUT/$name.log"; "$@" 2>&1 | tee -a "$OUT/$name.log"; }
 
 # 1. Drive and memory bandwidth, raw O_DIRECT and dd baselines, every backend.
-run io python bench/io.py --dir "$DIR" --size 1GiB --rounds 2 --json "$OUT/io.json" --plot "$OUT/io.png"
+run io python bench/io.py --dir "$DIR" --size 1GiB --rounds 3 --json "$OUT/io.json" --plot "$OUT/io.png"
 # 2. All in RAM at 5e7 fp32 params vs torch.optim.AdamW(fused=True).
 run step-ram-5e7 python bench/step.py --params 5e7 --steps 60 --skip disk,peer,floor,footprint \
     --json "$OUT/step-ram-5e7.json" --plot "$OUT/step-ram-5e7.png"
