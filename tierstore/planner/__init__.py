@@ -11,6 +11,8 @@ prints. The modules, one job each:
 - :mod:`~tierstore.planner.results`: the records a plan holds;
 - :mod:`~tierstore.planner.memory`: bytes per tier (GPU, host RAM, drive)
   and the verdict;
+- :mod:`~tierstore.planner.shortfalls`: what a plan lacks, and what would
+  make it fit;
 - :mod:`~tierstore.planner.traffic`: bytes moved per step, the step-time
   bound, and drive wear under the commit policy;
 - :mod:`~tierstore.planner.report`: the text report;
@@ -113,9 +115,9 @@ __all__ = [
 _HOMES = {
     **dict.fromkeys(("PRECISION_DTYPES", "disk_free", "existing_ancestor", "load_model", "parse_count",
                      "read_io_json"), "inputs"),
-    **dict.fromkeys(("DEFAULT_PREFETCH_DEPTH", "HOST_RAM_SHARE", "MAX_SHARDS", "PRECISIONS", "plan_memory"), "memory"),
+    **dict.fromkeys(("DEFAULT_PREFETCH_DEPTH", "MAX_SHARDS", "PRECISIONS", "plan_memory"), "memory"),
     **dict.fromkeys(("MOMENT_BYTES", "format_plan"), "report"),
-    **dict.fromkeys(("DEFAULT_UPDATE_GPARAMS", "DOES_NOT_FIT", "EXIT_DOES_NOT_FIT", "FITS_IN_RAM", "GB", "NEEDS_DISK",
+    **dict.fromkeys(("DEFAULT_UPDATE_GPARAMS", "DOES_NOT_FIT", "EXIT_DOES_NOT_FIT", "FITS_IN_RAM", "GB", "HOST_RAM_SHARE", "NEEDS_DISK",
                      "TB", "VERDICTS", "Bandwidth", "DiskTier", "Endurance", "GpuTier", "HostTier", "MemoryPlan",
                      "Shortfall", "StepTime", "TorchBaseline", "Traffic"), "results"),
     **dict.fromkeys(("SECONDS_PER_DAY", "STEP_TIME_FORMULA"), "traffic"),

@@ -33,6 +33,7 @@ __all__ = [
     "EXIT_DOES_NOT_FIT",
     "DEFAULT_UPDATE_GPARAMS",
     "DEFAULT_LIFETIME_MONTHS",
+    "HOST_RAM_SHARE",
     "GB",
     "TB",
 ]
@@ -42,6 +43,7 @@ VERDICTS = (FITS_IN_RAM, NEEDS_DISK, DOES_NOT_FIT)
 EXIT_DOES_NOT_FIT = 3  # `tierstore plan --fail-if-not-fit` when the verdict is "does not fit"
 DEFAULT_UPDATE_GPARAMS = 1.0  # fused CPU AdamW, order of magnitude on a server socket
 DEFAULT_LIFETIME_MONTHS = 36.0  # how long a drive should last: a typical warranty
+HOST_RAM_SHARE = 0.9  # the default budget leaves 10% of host RAM to the OS, data loading, ...
 GB = 10**9  # bandwidths use decimal units
 TB = 10**12  # so does drive endurance (TBW)
 
