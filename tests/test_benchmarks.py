@@ -147,7 +147,11 @@ def test_bench_io_rejects_missing_dir(tmp_path, capsys):
         (["--floor-settings", "8MiB"], "request:depth"),
         (["--floor-settings", "3000:2"], "multiples of 4 KiB"),
         (["--backend", "tape"], "unknown"),
-        (["--steps", "0"], "too small"),
+        (["--steps", "0"], r"--steps=0 must be an int >= 1"),
+        # Knobs say what the API says (the registry's check), naming the flag.
+        (["--prefetch-depth", "0"], r"--prefetch-depth=0 must be an int >= 1"),
+        (["--io-workers", "0"], r"--io-workers=0 must be an int >= 1"),
+        (["--request-bytes", "1000"], r"--request-bytes=1000 must be an int >= 4096"),
     ],
 )
 def test_bench_step_rejects_bad_options(tmp_path, extra, message):

@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from ..._config.knobs import Knobs
+from ..._config.registry import KNOBS
 from ..._layout.layout import layout_format
 from ...backends import resolve_backend, supports_direct_io
 from ...errors import ConfigError
@@ -139,10 +140,13 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError(f"--params {args.params!r} is not a number; write e.g. 2e8") from None
     if params < 4096:
         raise ConfigError(f"--params {params} is too small to shard; use at least 4096 (e.g. 2e7)")
-    for name in ("steps", "warmup", "prefetch_depth", "io_workers", "peer_queue_depth"):
+    # The knobs are checked by their one declaration (the registry), in the API's words, naming the flag.
+    for name in ("prefetch_depth", "io_workers"):
+        KNOBS[name].validate(getattr(args, name), f"--{name.replace('_', '-')}")
+    for name, least in (("steps", 1), ("warmup", 0), ("peer_queue_depth", 1)):  # the benchmark's own flags
         value = getattr(args, name)
-        if value < (0 if name == "warmup" else 1):
-            raise ConfigError(f"--{name.replace('_', '-')} {value} is too small")
+        if value < least:
+            raise ConfigError(f"--{name.replace('_', '-')}={value} must be an int >= {least}")
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if skip - set(SKIPPABLE):
         raise ConfigError(f"--skip lists unknown {sorted(skip - set(SKIPPABLE))}; choose from {SKIPPABLE}")
@@ -154,7 +158,7 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     budget = _parse_budget(args.ram_budget, state)
     backends = [b.strip() for b in args.backend.split(",") if b.strip()]
     backends = [resolve_backend(b, directory) for b in backends]
-    request_bytes = parse_size(args.request_bytes, name="--request-bytes")
+    request_bytes = KNOBS["request_bytes"].validate(parse_size(args.request_bytes, name="--request-bytes"), "--request-bytes")
     # Canonical names ("bf16" -> "bfloat16"): an unknown name fails here, naming the known ones.
     formats = [layout_format(f.strip()).name for f in str(args.moment_dtype).split(",") if f.strip()]
     if not formats or len(set(formats)) != len(formats):
