@@ -53,6 +53,8 @@ Example
 
 from __future__ import annotations
 
+import collections
+import functools
 import hashlib
 import json
 import math
@@ -335,10 +337,13 @@ class Layout:
         """Bytes an arena slot needs to hold any shard's extent."""
         return self.extent_nbytes(self.max_capacity) if self.shards else 0
 
-    @property
+    @functools.cached_property
     def state_nbytes(self) -> int:
         """Bytes of all shards together (the state's size on disk, one copy)."""
-        return sum(self.shard_nbytes(s) for s in self.shards)
+        # A layout never changes once built; shards come in few capacities (most are full), so this
+        # is one pass over the shards, whatever their number (the planner asks often, of millions).
+        capacities = collections.Counter(s.capacity for s in self.shards)
+        return sum(count * self.extent_nbytes(capacity) for capacity, count in capacities.items())
 
     @property
     def bytes_per_element(self) -> float:

@@ -147,6 +147,24 @@ def _split(tensors, decide_kw: dict, budget: int | None, shard_numel: int | None
     return _Split(spec, layout, tiers, min_budget, layout.state_nbytes + extra)
 
 
+def _floor_probe(tensors: list[torch.Tensor], decide_kw: dict) -> list[torch.Tensor]:
+    """Tensors that give the smallest streaming budget's arithmetic as ``tensors`` do, without laying out millions of shards.
+
+    The smallest budget picks the smallest shards, and what it needs (the
+    arena's slots, staging, decode scratch) depends on one shard's size, not
+    on how many there are. A state of more than ``arena_slots + 1`` such
+    shards is therefore stood for by a flat tensor of that many shards: its
+    streaming minimum is the same, and it is below the whole state's size,
+    as the real one is.
+    """
+    spec = decide(**decide_kw, ram_budget=1, shard_numel=None)
+    enough = spec.shard_numel * (spec.arena_slots + 1)
+    if decide_kw["numel"] <= enough:
+        return tensors
+    dtype = next(iter(decide_kw["dtypes"]))
+    return [torch.empty(enough, dtype=dtype, device="meta", requires_grad=True)]
+
+
 def plan_memory(
     params: int | torch.nn.Module | Iterable[torch.Tensor],
     *,
@@ -315,7 +333,7 @@ def plan_memory(
     floor = split
     if not tiers.disk_shards and shard_numel is None:  # all resident: a small budget would pick smaller shards
         with contextlib.suppress(ConfigError):  # so small that they would be too many: this layout's floor
-            floor = _split(tensors, decide_kw, 1, None)
+            floor = _split(_floor_probe(tensors, decide_kw), decide_kw, 1, None)
     stream_floor = floor.min_budget if floor.min_budget < floor.all_resident else None
     host = HostTier(
         ram=host_ram,
