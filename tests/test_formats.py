@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from tierstore.checkpoint import (
     statedir_to_state_dict,
     verify_checkpoint,
 )
+from tierstore.cli import main as cli_main
 from tierstore.errors import BudgetError, CorruptStateError
 from tierstore.sizes import parse_size
 from tierstore.testing.formats import FormatOracle
@@ -513,13 +513,18 @@ def test_export_to_torch_and_verify_work_on_a_compressed_state_dir(tmp_path, fmt
         checkpoint_to_state_dict(tmp_path / "exp.zarr")
 
 
-def test_cli_inspect_verify_export_to_torch_and_plan(tmp_path):
+def test_cli_inspect_verify_export_to_torch_and_plan(tmp_path, capsys):
     ps, opt = _trained("int8", tmp_path, durable=True)
     opt.close()
     state = str(tmp_path / "state-int8")
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "tierstore.cli", *args], capture_output=True, text=True, check=False)
+        # In this process (a fresh one per command cost 2.5 s of imports each; the installed
+        # command's own process is tested in tests/test_cli_exit_codes.py).
+        capsys.readouterr()
+        code = cli_main(list(args))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
 
     out = cli("inspect", state)
     assert out.returncode == 0 and "moments in int8, 7.05 B/param" in out.stdout, out.stdout + out.stderr
