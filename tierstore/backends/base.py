@@ -190,7 +190,7 @@ def open_regular(
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise _not_regular(path, _describe_mode(st.st_mode), what, error)
+            raise _not_regular(path, file_kind(st.st_mode), what, error)
         # Regular files ignore O_NONBLOCK; clear it anyway so the descriptor is an ordinary one.
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     except BaseException:
@@ -199,14 +199,25 @@ def open_regular(
     return fd
 
 
-def _describe_mode(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, in words, for errors about files that are not what was expected.
+
+    The one wording every message about a file's kind uses (state files, checkpoints, output paths).
+
+    Example
+    -------
+    >>> import stat
+    >>> file_kind(stat.S_IFIFO), file_kind(stat.S_IFREG)
+    ('a FIFO', 'a regular file')
+    """
     for test, text in (
         (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISFIFO, "a FIFO"),
         (stat.S_ISDIR, "a directory"),
         (stat.S_ISCHR, "a character device"),
         (stat.S_ISBLK, "a block device"),
         (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISREG, "a regular file"),
     ):
         if test(mode):
             return text
@@ -218,7 +229,7 @@ def _kind_of(path: Path, dir_fd: int | None) -> str:
         st = os.stat(path.name if dir_fd is not None else path, dir_fd=dir_fd, follow_symlinks=False)
     except OSError:
         return "not a regular file"
-    return _describe_mode(st.st_mode)
+    return file_kind(st.st_mode)
 
 
 def _not_regular(path: Path, kind: str, what: str, error: type[TierstoreError]) -> TierstoreError:

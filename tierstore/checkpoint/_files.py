@@ -26,25 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from .._state.statedir import fsync_dir
+from ..backends.base import file_kind
 from ..errors import CheckpointExistsError, DiskFullError, StateDirError
 
 __all__ = ["file_kind", "read_regular", "fsync_file", "write_output_file"]
-
-
-def file_kind(mode: int) -> str:
-    """What a file is, in words (for errors about files that are not regular files)."""
-    for test, name in (
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISREG, "a regular file"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def read_regular(path: Path, limit: int) -> bytes:

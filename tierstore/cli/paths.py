@@ -35,7 +35,6 @@ from ..errors import ConfigError, CorruptStateError
 from . import EXIT_USAGE
 
 __all__ = [
-    "kind_of",
     "blocking_file",
     "input_kind",
     "parent_problem",
@@ -45,13 +44,12 @@ __all__ = [
     "flag_text",
 ]
 
-def kind_of(mode: int) -> str:
-    """What a file of ``st_mode`` ``mode`` is, in words (``"a regular file"``, ``"a directory"``, ...)."""
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    return "a regular file" if stat.S_ISREG(mode) else "a special file"
+def _file_kind(mode: int) -> str:
+    # The one wording (tierstore.backends.base.file_kind), imported on use: the backends package
+    # imports torch, and the commands' --help must not.
+    from ..backends.base import file_kind
+
+    return file_kind(mode)
 
 
 def blocking_file(path: str | os.PathLike) -> tuple[Path, str] | None:
@@ -67,7 +65,7 @@ def blocking_file(path: str | os.PathLike) -> tuple[Path, str] | None:
             st = os.stat(above)
         except (FileNotFoundError, NotADirectoryError):
             continue
-        return None if stat.S_ISDIR(st.st_mode) else (above, kind_of(st.st_mode))
+        return None if stat.S_ISDIR(st.st_mode) else (above, _file_kind(st.st_mode))
     return None
 
 
@@ -186,7 +184,7 @@ def file_output_problem(out: Path, overwrite: bool, src: Path | None = None) -> 
         )
     if not stat.S_ISREG(st.st_mode):
         return (
-            f"{out} exists and is {kind_of(st.st_mode)}, not a regular file, so --overwrite will not replace it; "
+            f"{out} exists and is {_file_kind(st.st_mode)}, not a regular file, so --overwrite will not replace it; "
             "remove it yourself or pass another OUT"
         )
     if not overwrite:
@@ -214,7 +212,7 @@ def checkpoint_output_problem(src: Path, out: Path, overwrite: bool) -> str | No
     if stat.S_ISDIR(st.st_mode) and os.path.lexists(src) and os.path.samefile(src, out):
         return f"{out} is the state directory being exported; {with_name}"
     if not stat.S_ISDIR(st.st_mode) or not os.path.lexists(out / "zarr.json"):
-        what = "a directory that is not a zarr checkpoint" if stat.S_ISDIR(st.st_mode) else kind_of(st.st_mode)
+        what = "a directory that is not a zarr checkpoint" if stat.S_ISDIR(st.st_mode) else _file_kind(st.st_mode)
         return (
             f"{out} exists and is {what}, so --overwrite will not replace it (it replaces only a tierstore "
             f"checkpoint); remove it yourself or {with_name}"
