@@ -46,9 +46,12 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from .._layout.torch_format import REFERENCE_KEY as _REFERENCE_KEY
+from ..checkpoint import write_output_file
 from ..errors import ConfigError, CorruptStateError
 from .snapshot import (
     has_trainer_snapshot,
@@ -111,6 +114,14 @@ class SnapshotCheckpointIO(CheckpointIO):
         if isinstance(states, list) and any(isinstance(s, _Pending) for s in states):
             checkpoint = dict(checkpoint)
             checkpoint["optimizer_states"] = [self._write_snapshot(s, path) if isinstance(s, _Pending) else s for s in states]
+        if _streams_to_file(self.inner, path, storage_options):
+            # Lightning's TorchCheckpointIO serialises the whole checkpoint into a BytesIO first (then a
+            # second copy with getvalue()): RAM for every weight of the model at each save. The same
+            # torch.save bytes go straight into a temporary beside the file instead, synced and renamed
+            # over it (atomic, as Lightning's save is).
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            write_output_file(path, lambda f: torch.save(checkpoint, f), overwrite=True)
+            return
         self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
 
     @staticmethod
@@ -140,6 +151,19 @@ class SnapshotCheckpointIO(CheckpointIO):
 
     def teardown(self) -> None:
         self.inner.teardown()
+
+
+def _streams_to_file(inner: CheckpointIO, path: Any, storage_options: Any) -> bool:
+    """Whether a save that ``inner`` would make can be written by ``torch.save`` into a local file instead.
+
+    Only for Lightning's own ``TorchCheckpointIO`` (not a subclass or another
+    plugin, whose behaviour is theirs) and a local path.
+    """
+    return (
+        type(inner) is TorchCheckpointIO
+        and storage_options is None
+        and "://" not in str(path)
+    )
 
 
 def _reference_of(state: Any) -> dict[str, Any] | None:
