@@ -8,7 +8,11 @@
 - :mod:`tierstore.testing.fsimage`: the images a power cut could leave of it.
 - :mod:`tierstore.testing.powercut`: record a training run, resume from power-cut
   images of it, compare bitwise with ``torch.optim.AdamW(fused=True)``.
-- :mod:`tierstore.testing.distributed`: gloo ranks on the CPU, FSDP2/ZeRO jobs.
+- :mod:`tierstore.testing.ranks`: run a function in gloo ranks on the CPU, kill
+  them all when one dies, say where each ended.
+- :mod:`tierstore.testing.distributed`: deterministic FSDP2/ZeRO training jobs
+  for those ranks, their single-process reference and the comparison.
+- :mod:`tierstore.testing.dcp_ram`: peak RAM of DCP saves and loads of a state.
 - :mod:`tierstore.testing.memory`: run a real optimizer scenario in a child
   process and measure its peak RSS growth and page cache against
   ``ram_budget`` (:func:`~tierstore.testing.memory.run_in_child`).

@@ -1,15 +1,4 @@
-"""Multi-process test kit: gloo ranks on the CPU, deterministic FSDP2 / ZeRO jobs, a reference.
-
-:func:`run_ranks` starts ``world_size`` processes from a fork server that has
-already imported torch (and ``torch._dynamo``, which FSDP2 imports), gives
-each a gloo process group with a short collective timeout, and watches them:
-when one rank dies (a crash point's ``SIGKILL``, a planned kill, or an
-exception) the others are killed too after ``kill_grace`` seconds, as a job
-scheduler would, instead of waiting in a collective for a peer that is gone.
-Given the ``phases`` a target goes through, each rank reports its phase
-(:class:`~tierstore.testing.crash.Progress`): a crash point then counts only
-in the phases named, ``kill_in`` kills a rank at a random instant inside one
-phase, and every :class:`RankResult` says where its rank died.
+"""Deterministic FSDP2 / ZeRO training jobs for gloo ranks, their single-process reference, the comparison.
 
 :class:`DistJob` describes a small deterministic training run (an MLP whose
 batches are a pure function of the step number, the same on every rank, so
@@ -21,13 +10,22 @@ optionally saving or loading a DCP checkpoint, and writes what it ended with
 (local parameter shards with their global offsets, local optimizer states,
 a forward pass on a probe batch) to ``out_dir``. :func:`reference` is the
 same run in one process with torch's AdamW; :func:`compare` lists the
-differences.
+differences. :func:`agree_rank` and :func:`torch_state_dict_rank` are
+smaller rank programs for single questions.
+
+The ranks run under :func:`~tierstore.testing.ranks.run_ranks`, which reports
+their phases (:func:`job_phases`); it, :class:`~tierstore.testing.ranks.RankResult`,
+:func:`~tierstore.testing.ranks.enter` and
+:func:`~tierstore.testing.dcp_ram.measure_dcp_memory` are importable from
+here too, where they lived before.
 
 Example
 -------
 >>> import tempfile
 >>> d = tempfile.mkdtemp()
 >>> job = DistJob(state_dir=f"{d}/state", out_dir=d, steps=3)
+>>> torch.equal(batch(job, 2)[0], batch(replace(job, out_dir=""), 2)[0])  # the same on every rank
+True
 >>> results = run_ranks(train_rank, world_size=2, args=(job, "run"))  # doctest: +SKIP
 >>> [r.exitcode for r in results], compare(job, "run", world_size=2)  # doctest: +SKIP
 ([0, 0], [])
@@ -36,23 +34,19 @@ Example
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import multiprocessing as mp
-import multiprocessing.connection
 import os
-import signal
-import tempfile
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .._platform import faults
 from .._platform.torch_private import fused_adamw_kernel, local_shape_and_offset
-from .crash import POLL_SECONDS, Progress, phase_names
+from .crash import phase_names
+from .dcp_ram import measure_dcp_memory
+from .ranks import RankResult, enter, report_completed, run_ranks
 
 __all__ = [
     "RankResult",
@@ -71,227 +65,6 @@ __all__ = [
     "torch_state_dict_rank",
     "measure_dcp_memory",
 ]
-
-PRELOAD = (
-    "torch",
-    "torch._dynamo",  # FSDP2 imports it; seconds when not preloaded
-    "torch.distributed.checkpoint",
-    "torch.distributed.checkpoint.state_dict",
-    "torch.distributed.optim",  # ZeroRedundancyOptimizer: 0.7 s when not preloaded
-    "tierstore",
-    "tierstore.dcp",
-    "tierstore.testing.crash",
-    "tierstore.testing.distributed",
-)
-
-_CONTEXT: mp.context.BaseContext | None = None
-
-
-def _context() -> mp.context.BaseContext:
-    global _CONTEXT
-    if _CONTEXT is None:
-        ctx = mp.get_context("forkserver")
-        # The fork server is shared by the whole process (tierstore.testing.crash
-        # uses it too); whichever kit starts it first decides what it preloads.
-        ctx.set_forkserver_preload(list(PRELOAD))
-        _CONTEXT = ctx
-    return _CONTEXT
-
-
-@dataclass
-class RankResult:
-    """How one rank's process ended, and where."""
-
-    rank: int
-    exitcode: int | None
-    killed_by_harness: bool  # SIGKILLed by run_ranks because a peer died, or at the timeout
-    seconds: float
-    phase: str | None = None  # the phase it was in when it ended (None: phases not reported)
-    landed_point: str | None = None  # the crash point that killed it
-    completed: int = -1  # the step count it last saw committed
-
-    @property
-    def crashed(self) -> bool:
-        """Died by the planned SIGKILL: an armed crash point, or ``kill_in``."""
-        return self.exitcode == -signal.SIGKILL and not self.killed_by_harness
-
-
-_PROGRESS: Progress | None = None  # this rank's reporter, when run_ranks was given phases
-
-
-def enter(name: str) -> None:
-    """Tell run_ranks (and :mod:`tierstore._platform.faults`) this rank's phase; targets call it."""
-    from .._platform import faults
-
-    if _PROGRESS is not None:
-        _PROGRESS.enter(name)
-    else:
-        faults.set_phase(name)
-
-
-def _rank_main(
-    target: Callable[..., Any],
-    rank: int,
-    world_size: int,
-    init_file: str,
-    collective_timeout: float,
-    crash: tuple[str, int, Collection[str] | None] | None,
-    progress: Progress | None,
-    args: tuple,
-) -> None:
-    import torch.distributed as dist
-
-    from .._platform import faults
-
-    global _PROGRESS
-    _PROGRESS = progress
-    torch.set_num_threads(1)  # ranks share 2 cores; results do not depend on it
-    if crash is not None:
-        faults.arm(crash[0], after=crash[1], during=crash[2], on_fire=progress.fired if progress else None)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=collective_timeout),
-    )
-    try:
-        target(rank, world_size, *args)
-    finally:
-        dist.destroy_process_group()
-
-
-def run_ranks(
-    target: Callable[..., Any],
-    *,
-    world_size: int,
-    args: Sequence[Any] = (),
-    phases: Sequence[str] | None = None,
-    crash: tuple[int, str, int] | tuple[int, str, int, Collection[str]] | None = None,
-    kill_in: tuple[int, str, float] | None = None,
-    kill_grace: float = 0.0,
-    collective_timeout: float = 20.0,
-    timeout: float = 120.0,
-) -> list[RankResult]:
-    """Run ``target(rank, world_size, *args)`` in ``world_size`` gloo ranks and wait for them.
-
-    Parameters
-    ----------
-    target
-        A module-level function (children unpickle it by name).
-    world_size
-        Number of ranks.
-    args
-        Further positional arguments for ``target`` (picklable).
-    phases
-        Every phase ``target`` reports with :func:`enter`, in order (e.g.
-        :func:`job_phases`); needed by ``kill_in`` and by ``crash`` with phases.
-    crash
-        ``(rank, point, after)`` or ``(rank, point, after, during)``: arm
-        :mod:`tierstore._platform.faults` crash point ``point`` in ``rank`` (it SIGKILLs
-        itself the ``after``-th time it is reached in a phase of ``during``).
-    kill_in
-        ``(rank, phase, delay)``: SIGKILL ``rank`` ``delay`` seconds after it
-        entered ``phase``; it holds at the end of that phase until killed.
-    kill_grace
-        Seconds the other ranks may run on after one rank died (they may
-        finish a step already under way) before they are SIGKILLed.
-    collective_timeout
-        The process group's timeout: a rank waiting for a dead peer fails
-        after this long even if nobody kills it.
-    timeout
-        Kill every rank still running after this many seconds and raise.
-
-    Raises
-    ------
-    TimeoutError
-        If the ranks ran longer than ``timeout`` (they are killed first).
-
-    Example
-    -------
-    >>> run_ranks(print, world_size=2, args=("hello",))  # doctest: +SKIP
-    """
-    ctx = _context()
-    if (kill_in is not None or (crash is not None and len(crash) > 3)) and phases is None:
-        raise ValueError("kill_in and crash points counted in phases need the target's phases=")
-    init_dir = tempfile.mkdtemp(prefix="tierstore-pg-")
-    init_file = os.path.join(init_dir, "store")
-    procs = []
-    progress: list[Progress | None] = []
-    for rank in range(world_size):
-        arm = None
-        if crash is not None and crash[0] == rank:
-            arm = (crash[1], crash[2], crash[3] if len(crash) > 3 else None)
-        gate = kill_in[1] if kill_in is not None and kill_in[0] == rank else None
-        progress.append(None if phases is None else Progress(ctx, list(phases), gate=gate))
-        procs.append(
-            ctx.Process(
-                target=_rank_main,
-                args=(target, rank, world_size, init_file, collective_timeout, arm, progress[rank], tuple(args)),
-                name=f"rank{rank}",
-            )
-        )
-    t0 = time.perf_counter()
-    for p in procs:
-        p.start()
-    harness_killed: set[int] = set()
-    ended: dict[int, float] = {}
-    first_failure: float | None = None
-    timed_out = False
-    try:
-        while len(ended) < world_size:
-            now = time.perf_counter()
-            for rank, p in enumerate(procs):
-                if rank not in ended and p.exitcode is not None:
-                    ended[rank] = now - t0
-                    if p.exitcode != 0 and first_failure is None:
-                        first_failure = now
-            if kill_in is not None and _kill_if_due(procs[kill_in[0]], progress[kill_in[0]], kill_in[1], kill_in[2]):
-                kill_in = None
-            if first_failure is not None and now - first_failure >= kill_grace:
-                for rank, p in enumerate(procs):
-                    if rank not in ended and p.is_alive():
-                        os.kill(p.pid, signal.SIGKILL)
-                        harness_killed.add(rank)
-            if now - t0 > timeout:
-                timed_out = True
-                for rank, p in enumerate(procs):
-                    if rank not in ended and p.is_alive():
-                        os.kill(p.pid, signal.SIGKILL)
-                        harness_killed.add(rank)
-            waiting = [p.sentinel for r, p in enumerate(procs) if r not in ended]
-            if waiting:
-                nap = POLL_SECONDS if kill_in is not None else 0.005 if first_failure is not None else 0.2
-                multiprocessing.connection.wait(waiting, timeout=nap)
-    finally:
-        for p in procs:
-            p.join(5)
-        for name in os.listdir(init_dir):
-            os.unlink(os.path.join(init_dir, name))
-        os.rmdir(init_dir)
-    if timed_out:
-        raise TimeoutError(f"ranks of {getattr(target, '__name__', target)} ran longer than {timeout} s")
-    results = []
-    for r, p in enumerate(procs):
-        result = RankResult(r, p.exitcode, r in harness_killed, ended.get(r, 0.0))
-        if progress[r] is not None:
-            result.phase = progress[r].phase_name()
-            result.completed = progress[r].completed.value
-            point = progress[r].landed_point.value
-            result.landed_point = faults.POINTS[point] if point >= 0 else None
-        results.append(result)
-    return results
-
-
-def _kill_if_due(proc: mp.process.BaseProcess, progress: Progress, phase: str, delay: float) -> bool:
-    """SIGKILL ``proc`` once ``delay`` seconds passed since it entered ``phase``; True when done with it."""
-    target = progress.names.index(phase)
-    if proc.exitcode is not None or progress.phase.value > target:
-        return True  # ended, or went past without entering it: nothing to kill
-    if progress.phase.value < target or time.monotonic() < progress.entered[target] + delay:
-        return False
-    os.kill(proc.pid, signal.SIGKILL)
-    return True
 
 
 def job_phases(job: DistJob) -> list[str]:
@@ -493,7 +266,7 @@ def train_rank(rank: int, world_size: int, job: DistJob, tag: str) -> None:
     if job.load:
         _load_dcp(job, trained, opt)
     first = _steps_done(opt)
-    _report_completed(_committed(opt))
+    report_completed(_committed(opt))
     for step in range(first, job.steps):
         enter(f"forward {step}")
         if job.forward_seconds:
@@ -502,7 +275,7 @@ def train_rank(rank: int, world_size: int, job: DistJob, tag: str) -> None:
         enter(f"step {step}")
         opt.step()
         opt.zero_grad()
-        _report_completed(_committed(opt))
+        report_completed(_committed(opt))
         if job.save_at is not None and step + 1 == job.save_at:
             _save_dcp(job, trained, opt)
     enter("export")
@@ -529,11 +302,6 @@ def _committed(opt: torch.optim.Optimizer) -> int:
     """The step a crash now would resume at (commits finish in the background), else the steps done."""
     committed = getattr(_local_optimizer(opt), "committed_step", None)
     return _steps_done(opt) if committed is None else int(committed)
-
-
-def _report_completed(steps: int) -> None:
-    if _PROGRESS is not None:
-        _PROGRESS.completed.value = steps
 
 
 def reference(job: DistJob, pieces: Sequence[tuple[int, int]] | int = 1) -> dict[str, Any]:
@@ -700,120 +468,3 @@ def torch_state_dict_rank(rank: int, world_size: int, job: DistJob, tag: str) ->
     torch.save({"equal": equal}, os.path.join(job.out_dir, f"{tag}-rank{rank}.pt"))
     opt.close()
     opt2.close()
-
-
-# -- what a DCP save and load cost in RAM ------------------------------------------------
-
-
-def _rss_kib() -> tuple[int, int]:
-    """(anonymous, file-backed) resident KiB of this process."""
-    fields = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("RssAnon:", "RssFile:", "RssShmem:")):
-                fields[line.split(":")[0]] = int(line.split()[1])
-    return fields.get("RssAnon", 0), fields.get("RssFile", 0) + fields.get("RssShmem", 0)
-
-
-def _trim() -> None:
-    """Give free heap pages back to the Linux kernel (glibc), so RSS growth shows new allocations."""
-    import contextlib
-    import ctypes
-    import ctypes.util
-
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: measurements may read low
-        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
-
-
-def _peak_during(fn: Callable[[], Any]) -> tuple[float, float, float]:
-    """Run ``fn``; return (seconds, peak extra anonymous MiB, peak extra file-backed MiB)."""
-    import threading
-
-    base = _rss_kib()
-    peak = list(base)
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            now = _rss_kib()
-            peak[0], peak[1] = max(peak[0], now[0]), max(peak[1], now[1])
-            time.sleep(0.002)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    t0 = time.perf_counter()
-    try:
-        fn()
-    finally:
-        seconds = time.perf_counter() - t0
-        done.set()
-        sampler.join()
-    return seconds, (peak[0] - base[0]) / 1024, (peak[1] - base[1]) / 1024
-
-
-def measure_dcp_memory(
-    directory: str,
-    *,
-    rows: int = 4096,
-    cols: int = 2048,
-    params: int = 8,
-    shard_numel: int = 1 << 20,
-    ram_budget: str = "64MiB",
-) -> list[dict[str, Any]]:
-    """Peak RAM of DCP saves and loads of a TieredAdamW state, one process, vs materialising it.
-
-    Builds ``params`` fp32 ``rows x cols`` parameters (8 bytes of state per
-    element), takes one step, then saves through :class:`~tierstore.dcp.TieredStateful`
-    (default and :class:`~tierstore.dcp.TieredSavePlanner`, one file per rank
-    or one per block) and through ``optimizer.state_dict()``, and loads back.
-    Returns one record per operation: seconds, peak extra anonymous and
-    file-backed MiB (sampled every 2 ms), state MiB.
-
-    Example
-    -------
-    >>> measure_dcp_memory("/mnt/nvme/tmp")  # doctest: +SKIP
-    """
-    import gc
-    import shutil
-
-    import torch.distributed.checkpoint as dcp
-
-    from .. import TieredAdamW
-    from ..dcp import TieredSavePlanner, TieredStateful
-
-    gen = torch.Generator().manual_seed(0)
-    weights = [torch.nn.Parameter(torch.randn(rows, cols, generator=gen)) for _ in range(params)]
-    root = Path(directory)
-    opt = TieredAdamW(weights, lr=1e-3, state_dir=str(root / "state"), ram_budget=ram_budget, shard_numel=shard_numel)
-    for w in weights:
-        w.grad = torch.randn(rows, cols, generator=gen)
-    opt.step()
-    for w in weights:
-        w.grad = None
-    gc.collect()
-    state_mib = opt.plan.state_nbytes / 2**20
-    records = []
-
-    def record(name: str, fn: Callable[[], Any]) -> None:
-        gc.collect()
-        _trim()  # freed heap from earlier operations would hide this one's growth
-        seconds, anon, filed = _peak_during(fn)
-        records.append(dict(op=name, seconds=round(seconds, 2), extra_anon_mib=round(anon, 1), extra_file_mib=round(filed, 1), state_mib=round(state_mib, 1)))
-
-    def save(path: str, planner: Any, single: bool) -> Callable[[], Any]:
-        writer = dcp.FileSystemWriter(str(root / path), single_file_per_rank=single)
-        return lambda: dcp.save({"optim": TieredStateful(opt)}, storage_writer=writer, planner=planner, no_dist=True)
-
-    record("save TieredStateful + TieredSavePlanner, file per block", save("a", TieredSavePlanner(), False))
-    record("save TieredStateful, default planner, file per block", save("b", None, False))
-    record("save TieredStateful + TieredSavePlanner, file per rank", save("c", TieredSavePlanner(), True))
-    record(
-        "save optimizer.state_dict() (materialised)",
-        lambda: dcp.save({"optim": opt.state_dict()}, checkpoint_id=str(root / "d"), no_dist=True),
-    )
-    record("load TieredStateful (staging file)", lambda: dcp.load({"optim": TieredStateful(opt)}, checkpoint_id=str(root / "a"), no_dist=True))
-    record("save TieredStateful + TieredSavePlanner, file per block (again)", save("e", TieredSavePlanner(), False))
-    opt.close()
-    for name in ("a", "b", "c", "d", "e", "state"):
-        shutil.rmtree(root / name, ignore_errors=True)
-    return records
