@@ -45,7 +45,9 @@ def _run(tmp_path, steps: int, *, commit_every, until: str | None = None) -> Tie
 
 
 def test_describe_warns_when_commits_fall_further_behind(tmp_path, monkeypatch, caplog) -> None:
-    _commits_sleeping(monkeypatch, [min(0.5, 0.004 * 2**k) for k in range(100)])
+    # Each commit three times as long as the last (to 2 s): the lag triples at every commit, far above
+    # the noise a busy drive adds to a commit (fsyncs of 50-100 ms when other tests share the machine).
+    _commits_sleeping(monkeypatch, [min(2.0, 0.004 * 3**k) for k in range(100)])
     with caplog.at_level(logging.WARNING, logger="tierstore"):
         # "auto" spaces commits by their cost: slower and slower commits, further and further apart.
         opt = _run(tmp_path, 4000, commit_every="auto", until="WARNING")
