@@ -34,20 +34,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._compute.algorithms import ADAMW
 from .._compute.hyper import check_hyper
 from .._platform.dtensor import local_tensor
 from ..errors import ConfigError, ParamsChangedError
 from .layout import FIELD_ORDER, STATE_KEY_OF_FIELD, Layout
 
 #: ``torch.optim.AdamW``'s group keys that TieredAdamW does not use, with the
-#: values that describe what it does, so state dicts load into either optimizer.
-GROUP_DEFAULTS = {
-    "foreach": None,
-    "capturable": False,
-    "differentiable": False,
-    "fused": True,
-    "decoupled_weight_decay": True,
-}
+#: values that describe what it does, so state dicts load into either optimizer
+#: (their home is the algorithm: :attr:`~tierstore._compute.algorithms.base.Algorithm.group_defaults`).
+GROUP_DEFAULTS = dict(ADAMW.group_defaults)
 
 
 #: The keys of a parameter's state that tierstore keeps itself (in its shards and step counts);

@@ -1,0 +1,183 @@
+"""What the engine needs to know of an optimizer algorithm: :class:`Algorithm` and its :class:`FieldSpec`.
+
+The engine (layout, tiers, pipeline, commits, formats, checkpoints) stores
+per-element state and runs an update over flat pieces of it; everything that
+differs between optimizers is said here, once per algorithm: the state's
+fields (their names, which are torch's state-dict keys, their initial value,
+the option that adds one), the per-parameter scalars torch keeps beside them
+(``step``), torch's construction checks and group keys, the per-step snapshot
+of a param group's hyperparameters, and the update over lists of pieces.
+
+An algorithm is a description, not a fork: a subclass fills in the class
+attributes and the few methods below, and one instance of it is registered
+(:data:`tierstore._compute.algorithms.ALGORITHMS`).
+
+Example
+-------
+>>> from tierstore._compute.algorithms import ADAMW
+>>> ADAMW.field_names, ADAMW.fields_for({"amsgrad"})
+(('exp_avg', 'exp_avg_sq', 'max_exp_avg_sq'), ('exp_avg', 'exp_avg_sq', 'max_exp_avg_sq'))
+>>> ADAMW.options([{"amsgrad": False}, {"amsgrad": True}])
+frozenset({'amsgrad'})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One per-element state field of an algorithm.
+
+    ``name`` is the field's name in a layout and its key in torch's state
+    dict (``exp_avg``, ``momentum_buffer``, ``sum``). ``option`` is the group
+    option that adds the field (``"amsgrad"``); ``None``: the state always
+    holds it. ``init`` is its value before the first update: a number, or the
+    name of the constructor argument that gives it. ``compressible``: a
+    compressed moment format (bfloat16, int8) may store it.
+    """
+
+    name: str
+    option: str | None = None
+    init: float | str = 0.0
+    compressible: bool = True
+
+
+class Algorithm:
+    """An optimizer's algorithm as the engine sees it (one registered instance per algorithm).
+
+    Subclasses set the class attributes and implement :meth:`uses`,
+    :meth:`check_group`, :meth:`defaults`, :meth:`snapshot`, :meth:`update`
+    and :meth:`probe`.
+    """
+
+    #: The name a layout records (``to_dict`` writes it when it is not ``"adamw"``).
+    name: ClassVar[str]
+    #: The tierstore class that runs it, for messages (``"TieredAdamW"``).
+    front: ClassVar[str]
+    #: The torch class it is bitwise equal to, for messages (``"torch.optim.AdamW"``).
+    torch_class: ClassVar[str]
+    #: The per-element fields, in extent order (the engine puts its ``master`` first).
+    fields: ClassVar[tuple[FieldSpec, ...]]
+    #: Keys of a parameter's torch state besides the fields (tierstore keeps them as step counts).
+    state_scalars: ClassVar[tuple[str, ...]] = ("step",)
+    #: Group keys of the torch class that the front does not use, with the values that describe what
+    #: it does, so state dicts load into either optimizer.
+    group_defaults: ClassVar[Mapping[str, Any]] = {}
+    #: Whether tierstore's compiled update (:mod:`tierstore._compute.fused_update`) implements it.
+    compiled: ClassVar[bool] = False
+
+    # -- fields ---------------------------------------------------------
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        """Every field's name, in extent order."""
+        return tuple(f.name for f in self.fields)
+
+    def field(self, name: str) -> FieldSpec:
+        """The field called ``name``.
+
+        Raises
+        ------
+        KeyError
+            If the algorithm has no such field.
+        """
+        for spec in self.fields:
+            if spec.name == name:
+                return spec
+        raise KeyError(f"{self.name} has no state field {name!r}; its fields are {self.field_names}")
+
+    def fields_for(self, options: Collection[str]) -> tuple[str, ...]:
+        """The fields a state holds when ``options`` are in use (see :meth:`options`), in extent order."""
+        return tuple(f.name for f in self.fields if f.option is None or f.option in options)
+
+    def options(self, groups: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+        """The options that add a field and that some group of ``groups`` uses."""
+        groups = list(groups)
+        wanted = {f.option for f in self.fields if f.option is not None}
+        return frozenset(o for o in wanted if any(self.uses(g, o) for g in groups))
+
+    def uses(self, group: Mapping[str, Any], option: str) -> bool:
+        """Whether param group ``group`` uses ``option`` (so the state needs the field it adds)."""
+        raise NotImplementedError
+
+    # -- hyperparameters ----------------------------------------------
+    def check_group(self, group: Mapping[str, Any], where: str = "") -> None:
+        """Refuse the hyperparameters ``torch_class`` refuses, in its order, with its messages plus the fix.
+
+        ``where`` (e.g. ``" in param group 1"``) is appended to the value in each message.
+
+        Raises
+        ------
+        ConfigError, ConfigTypeError
+            For a value torch refuses (a ``ValueError``, or a ``TypeError`` for a non-number).
+        """
+        raise NotImplementedError
+
+    def defaults(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """A constructor's hyperparameters ``values`` as torch's param-group defaults keep them.
+
+        The front's own group keys (:attr:`group_defaults`) are added.
+        """
+        raise NotImplementedError
+
+    def advances(self, group: Mapping[str, Any]) -> bool:
+        """Whether a step of ``group`` moves a parameter's step count (torch: every step)."""
+        return True
+
+    # -- the update ---------------------------------------------------
+    def snapshot(self, group: Mapping[str, Any], fields: Collection[str]) -> Any:
+        """``group``'s hyperparameters for one step, as :meth:`update` takes them.
+
+        ``fields`` are the fields the state holds. Read when a step starts, so
+        LR schedulers and param-group edits take effect at the next step.
+
+        Raises
+        ------
+        ConfigError
+            If the group now uses an option whose field the state lacks.
+        """
+        raise NotImplementedError
+
+    def bucket(self, step: float) -> Hashable:
+        """What pieces updated in one kernel call must share, besides their group (``step``: after this step).
+
+        ``None`` for algorithms whose kernel takes each piece's step count.
+        """
+        return None
+
+    def update(
+        self,
+        targets: list[Tensor],
+        grads: list[Tensor],
+        fields: Mapping[str, list[Tensor]],
+        steps: list[Tensor],
+        hyper: Any,
+    ) -> None:
+        """Update ``targets`` and the fields' pieces in place, pairwise by position.
+
+        ``fields[name]`` holds the pieces of each field the state has;
+        ``steps`` are the parameters' step counts after this step (already
+        incremented, one tensor per parameter, shared by its pieces). All are
+        fp32 CPU tensors; pieces start at multiples of the SIMD width, so the
+        result equals the update of whole tensors bit for bit.
+        """
+        raise NotImplementedError
+
+    def probe(self) -> None:
+        """Check that this torch has the kernel :meth:`update` calls (at construction, not mid-step).
+
+        Raises
+        ------
+        ConfigError
+            Naming the missing kernel and the fix.
+        """
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<algorithm {self.name}>"
+
