@@ -31,11 +31,20 @@ elements per scale) start every parameter on a block boundary
 (:attr:`Layout.param_align`), so no block mixes two parameters and a
 parameter without a gradient keeps its moments bit for bit.
 
-The layout also owns the state's vocabulary, so that every interface names a
-field the same way: :data:`FIELD_ORDER`, the field -> state-dict key map
-(:data:`STATE_KEY_OF_FIELD`; zarr checkpoints name their arrays by the same
-keys), :data:`DEFAULT_SHARD_NUMEL`, the slices of a :class:`Segment` and the
-view of one field inside a shard's flat buffer (:meth:`Layout.field_view`).
+A layout records the optimizer algorithm whose state it holds
+(:mod:`tierstore._compute.algorithms`): its fields are ``master`` and the
+algorithm's, and it is part of the identity (written by :meth:`Layout.to_dict`
+only when it is not ``"adamw"``, so every AdamW layout keeps the fingerprint it
+had before algorithms were recorded). The layout owns the state's vocabulary,
+so that every interface names a field the same way: its fields' order
+(:attr:`Layout.field_order`), the field <-> state-dict key map
+(:meth:`Layout.state_key`, :meth:`Layout.field_of_key`; zarr checkpoints name
+their arrays by the same keys), the fields a moment format stores
+(:attr:`Layout.encoded_fields`), :data:`DEFAULT_SHARD_NUMEL`, the slices of a
+:class:`Segment` and the view of one field inside a shard's flat buffer
+(:meth:`Layout.field_view`). The module's constants (:data:`FIELD_ORDER`,
+:data:`STATE_KEY_OF_FIELD`, :data:`MOMENT_FIELDS`, :func:`fields_for`) are
+AdamW's.
 
 Example
 -------
@@ -66,6 +75,7 @@ from typing import Any
 import torch
 
 from .._compute import codecs, formats
+from .._compute.algorithms import ADAMW, ALGORITHMS, Algorithm, algorithm_named
 from .._compute.formats import DEFAULT_FORMAT, FORMATS, MomentFormat
 from ..errors import ConfigError
 
@@ -73,7 +83,9 @@ PARAM_ALIGN = 64  # elements; a multiple of every CPU SIMD width for fp32 (AVX-5
 PAGE_NUMEL = 1024  # elements; 4 KiB of fp32, the O_DIRECT alignment unit
 STATE_DTYPE = torch.float32
 STATE_ITEMSIZE = 4
-FIELD_ORDER = ("master", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+MASTER = "master"  # the engine's own field: an fp32 copy of the parameter, first in every extent
+MASTER_KEY = "master_param"  # its state-dict key (torch's optimizers ignore it)
+FIELD_ORDER = (MASTER, *ADAMW.field_names)  # AdamW's fields in extent order (Layout.field_order: any algorithm's)
 LAYOUT_VERSION = 1
 DEFAULT_SHARD_NUMEL = 1 << 22  # 4 Mi elements: 16 MiB per fp32 field
 # Bounds of a layout, checked when one is built and when one is read back (a layout read
@@ -84,17 +96,13 @@ MAX_PARAMS = 1 << 24  # parameters (frozen ones included)
 MAX_NDIM = 64  # dimensions of a parameter
 MAX_NUMEL = (1 << 63) - 1  # elements of one parameter (torch's int64 sizes)
 
-#: The state-dict key of each field, as ``torch.optim.AdamW`` names the moments
+#: The state-dict key of each of AdamW's fields, as ``torch.optim.AdamW`` names the moments
 #: (``master_param`` is tierstore's extra key); zarr checkpoints and DCP use the same names.
-STATE_KEY_OF_FIELD = {
-    "master": "master_param",
-    "exp_avg": "exp_avg",
-    "exp_avg_sq": "exp_avg_sq",
-    "max_exp_avg_sq": "max_exp_avg_sq",
-}
+#: A layout's own map, for its algorithm: :meth:`Layout.state_key`.
+STATE_KEY_OF_FIELD = {MASTER: MASTER_KEY, **{f: f for f in ADAMW.field_names}}
 FIELD_OF_STATE_KEY = {key: field for field, key in STATE_KEY_OF_FIELD.items()}
-MASTER_KEY = STATE_KEY_OF_FIELD["master"]
-MOMENT_FIELDS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")  # the fields a moment format applies to
+#: AdamW's fields a moment format applies to (a layout's own: :attr:`Layout.encoded_fields`).
+MOMENT_FIELDS = tuple(f.name for f in ADAMW.fields if f.compressible)
 
 
 def layout_format(moment_dtype: str | MomentFormat | None) -> MomentFormat:
@@ -119,15 +127,26 @@ def layout_format(moment_dtype: str | MomentFormat | None) -> MomentFormat:
 
 
 def fields_for(*, amsgrad: bool, master: bool) -> tuple[str, ...]:
-    """The fields a state holds, in extent order.
+    """The fields an AdamW state holds, in extent order (any algorithm's: :func:`state_fields`).
 
     Example
     -------
     >>> fields_for(amsgrad=True, master=True)
     ('master', 'exp_avg', 'exp_avg_sq', 'max_exp_avg_sq')
     """
-    wanted = {"exp_avg", "exp_avg_sq"} | ({"max_exp_avg_sq"} if amsgrad else set()) | ({"master"} if master else set())
-    return tuple(f for f in FIELD_ORDER if f in wanted)
+    return state_fields(ADAMW, {"amsgrad"} if amsgrad else (), master=master)
+
+
+def state_fields(algorithm: Algorithm, options: Iterable[str], *, master: bool) -> tuple[str, ...]:
+    """The fields a state of ``algorithm`` holds with ``options`` in use, in extent order (``master`` first).
+
+    Example
+    -------
+    >>> from tierstore._compute.algorithms import ADAMW
+    >>> state_fields(ADAMW, (), master=True)
+    ('master', 'exp_avg', 'exp_avg_sq')
+    """
+    return (MASTER,) * bool(master) + algorithm.fields_for(frozenset(options))
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -199,12 +218,14 @@ class Layout:
         shard_numel: int,
         fields: Sequence[str],
         moment_dtype: str | MomentFormat | None = None,
+        algorithm: Algorithm | str = ADAMW,
     ) -> None:
         self.params = tuple(params)
         self.shards = tuple(shards)
         self.shard_numel = shard_numel
         self.fields = tuple(fields)
         self.format = layout_format(moment_dtype)
+        self.algorithm = algorithm_named(algorithm)  # whose fields these are (part of the identity)
         self._segments_of: dict[int, list[tuple[int, Segment]]] = {p.index: [] for p in self.params}
         for shard in self.shards:
             for seg in shard.segments:
@@ -219,16 +240,20 @@ class Layout:
         shard_numel: int,
         fields: Sequence[str],
         moment_dtype: str | MomentFormat | None = None,
+        algorithm: Algorithm | str = ADAMW,
     ) -> Layout:
         """Lay out the trainable tensors of ``groups`` (lists of tensors).
 
-        ``moment_dtype`` is the moments' format (``None``: ``"float32"``).
+        ``moment_dtype`` is the moments' format (``None``: ``"float32"``);
+        ``fields`` are any of ``master`` and ``algorithm``'s fields (a
+        registered algorithm or its name), put in extent order.
 
         Raises
         ------
         ConfigError
-            If ``shard_numel`` is not a positive int, ``fields`` names an unknown
-            field or ``moment_dtype`` an unknown format.
+            If ``shard_numel`` is not a positive int, ``fields`` names a field
+            ``algorithm`` does not have, or ``moment_dtype`` or ``algorithm`` is
+            unknown.
         """
         if isinstance(shard_numel, bool) or not isinstance(shard_numel, int) or shard_numel <= 0:
             raise ConfigError(
@@ -239,10 +264,12 @@ class Layout:
                 f"shard_numel={shard_numel} is above the largest shard tierstore lays out "
                 f"({MAX_SHARD_NUMEL} elements); pass a smaller one, e.g. 1 << 22 (the default)"
             )
-        unknown = [f for f in fields if f not in FIELD_ORDER]
+        algorithm = algorithm_named(algorithm)
+        order = (MASTER, *algorithm.field_names)
+        unknown = [f for f in fields if f not in order]
         if unknown:
-            raise ConfigError(f"unknown state fields {unknown}; known fields are {FIELD_ORDER}")
-        fields = tuple(f for f in FIELD_ORDER if f in fields)
+            raise ConfigError(f"unknown state fields {unknown}; known fields are {order}")
+        fields = tuple(f for f in order if f in fields)
         fmt = layout_format(moment_dtype)
         align = param_align(fmt)
         shard_numel = round_up(shard_numel, PAGE_NUMEL)
@@ -276,7 +303,7 @@ class Layout:
                 "at its default"
             )
         shards = _cut(entries, total, shard_numel)
-        return cls(entries, shards, shard_numel=shard_numel, fields=fields, moment_dtype=fmt)
+        return cls(entries, shards, shard_numel=shard_numel, fields=fields, moment_dtype=fmt, algorithm=algorithm)
 
     # -- queries ------------------------------------------------------
     @property
@@ -304,11 +331,46 @@ class Layout:
         """True when the moments are stored in another form than fp32 (extent != wide form)."""
         return not self.format.exact
 
+    # -- the state's vocabulary ---------------------------------------
+    @property
+    def field_order(self) -> tuple[str, ...]:
+        """Every field a state of this algorithm may hold, in extent order (``master`` first)."""
+        return (MASTER, *self.algorithm.field_names)
+
+    @functools.cached_property
+    def encoded_fields(self) -> tuple[str, ...]:
+        """The fields stored in the moment format (the others, ``master`` included, are always fp32)."""
+        return tuple(f for f in self.fields if f != MASTER and self.algorithm.field(f).compressible)
+
+    def state_key(self, field: str) -> str:
+        """The state-dict key of ``field`` (``master_param`` for the master; else the field's name, as torch's).
+
+        Raises
+        ------
+        KeyError
+            For a field this layout's algorithm does not have.
+
+        Example
+        -------
+        >>> import torch
+        >>> Layout.build([[torch.zeros(1, requires_grad=True)]], shard_numel=1024, fields=("master",)).state_key("master")
+        'master_param'
+        """
+        if field == MASTER:
+            return MASTER_KEY
+        return self.algorithm.field(field).name
+
+    def field_of_key(self, key: str) -> str | None:
+        """The field whose state-dict key is ``key``, or ``None`` (a key this algorithm does not store)."""
+        if key == MASTER_KEY:
+            return MASTER
+        return key if key in self.algorithm.field_names else None
+
     def field_nbytes(self, field: str, capacity: int) -> int:
         """Bytes ``field`` takes in the extent of a shard of ``capacity`` elements (page padded)."""
         if field not in self.fields:
             raise KeyError(f"this layout has no field {field!r}; it has {self.fields}")
-        if field in MOMENT_FIELDS:
+        if field in self.encoded_fields:
             return self.format.field_nbytes(capacity)
         return capacity * STATE_ITEMSIZE
 
@@ -348,7 +410,7 @@ class Layout:
     @property
     def bytes_per_element(self) -> float:
         """Stored bytes per element of the flat space: 4 per fp32 field plus the moments' format."""
-        return sum(self.format.bytes_per_element if f in MOMENT_FIELDS else STATE_ITEMSIZE for f in self.fields)
+        return sum(self.format.bytes_per_element if f in self.encoded_fields else STATE_ITEMSIZE for f in self.fields)
 
     def scratch_nbytes(self, workers: int) -> int:
         """Bytes of fp32 scratch a compressed layout needs to decode into (0 for ``"float32"``).
@@ -361,7 +423,7 @@ class Layout:
             return 0
         chunk = update_chunk_numel(self.max_capacity)
         used = min(workers, -(-self.max_capacity // chunk))
-        moments = sum(f in MOMENT_FIELDS for f in self.fields)
+        moments = len(self.encoded_fields)
         wide = self.max_capacity * STATE_ITEMSIZE * len(self.fields)
         return max(wide, used * chunk * (moments + 1) * STATE_ITEMSIZE)
 
@@ -403,7 +465,7 @@ class Layout:
 
     def stored_fp32(self, extent: torch.Tensor, shard: ShardSpec, field: str) -> torch.Tensor:
         """The fp32 values of a field stored as fp32 (the master; any field in ``"float32"``)."""
-        if field in MOMENT_FIELDS and self.encoded:
+        if field in self.encoded_fields and self.encoded:
             raise KeyError(f"{field} is stored as {self.format.name}, not fp32; decode it (decode_shard)")
         return self.stored_field(extent, shard, field).view(torch.float32)[: shard.capacity]
 
@@ -413,7 +475,7 @@ class Layout:
         """Fill ``wide`` (fp32, :meth:`wide_nbytes` long) with the shard's values from its extent."""
         for field, out in self.field_views(wide, shard).items():
             stored = self.stored_field(extent, shard, field)
-            if field in MOMENT_FIELDS:
+            if field in self.encoded_fields:
                 codecs.decode(self.format, field, stored, out, threads=threads)
             else:
                 out.copy_(stored.view(torch.float32)[: shard.capacity])
@@ -428,7 +490,7 @@ class Layout:
         """
         for field, values in self.field_views(wide, shard).items():
             stored = self.stored_field(extent, shard, field)
-            if field in MOMENT_FIELDS:
+            if field in self.encoded_fields:
                 used = self.format.encoded_nbytes(shard.capacity)
                 codecs.encode(self.format, field, values, stored, threads=threads)
                 stored[used:].zero_()
@@ -485,9 +547,11 @@ class Layout:
     def to_dict(self) -> dict:
         """A JSON-able description; shards are recomputed, not stored.
 
-        ``moment_dtype`` is written only when it is not ``"float32"``, so a
-        float32 layout has the fingerprint it had before formats existed and
-        its state directories resume.
+        ``moment_dtype`` is written only when it is not ``"float32"``, and
+        ``algorithm`` only when it is not ``"adamw"``, so a float32 AdamW
+        layout has the fingerprint it had before formats and algorithms
+        existed, and its state directories, manifests and checkpoints resume
+        and read back byte for byte.
         """
         data = {
             "layout_version": LAYOUT_VERSION,
@@ -499,6 +563,8 @@ class Layout:
         }
         if self.format != DEFAULT_FORMAT:
             data["moment_dtype"] = self.format.name
+        if self.algorithm is not ADAMW:
+            data["algorithm"] = self.algorithm.name
         return data
 
     @classmethod
@@ -536,13 +602,17 @@ class Layout:
         version = data.get("layout_version")
         if type(version) is not int or version != LAYOUT_VERSION:
             raise ConfigError(f"layout_version {version!r} is not {LAYOUT_VERSION}; it was written by another tierstore")
-        unknown = sorted(set(data) - {"layout_version", "shard_numel", "fields", "params", "moment_dtype"})
+        unknown = sorted(set(data) - {"layout_version", "shard_numel", "fields", "params", "moment_dtype", "algorithm"})
         if unknown:
             raise ConfigError(f"layout has unknown keys {unknown}; it was not written by this tierstore")
         shard_numel = _int(data, "shard_numel", "layout", lo=PAGE_NUMEL, hi=MAX_SHARD_NUMEL)
         if shard_numel % PAGE_NUMEL:
             raise ConfigError(f"layout shard_numel={shard_numel} is not a multiple of {PAGE_NUMEL}")
-        fields = _field_list(data.get("fields"))
+        name = data.get("algorithm", ADAMW.name)
+        if not isinstance(name, str) or name not in ALGORITHMS:
+            raise ConfigError(f"layout algorithm={name!r} is not one of {sorted(ALGORITHMS)}")
+        algorithm = ALGORITHMS[name]
+        fields = _field_list(data.get("fields"), (MASTER, *algorithm.field_names))
         moment_dtype = data.get("moment_dtype", DEFAULT_FORMAT.name)
         if not isinstance(moment_dtype, str) or moment_dtype not in FORMATS:
             raise ConfigError(f"layout moment_dtype={moment_dtype!r} is not one of {sorted(FORMATS)}")
@@ -554,16 +624,19 @@ class Layout:
                 f"layout holds {total} elements in shards of {shard_numel}: {-(-total // shard_numel)} shards, "
                 f"more than {MAX_SHARDS}"
             )
-        return cls(params, _cut(params, total, shard_numel), shard_numel=shard_numel, fields=fields, moment_dtype=fmt)
+        return cls(params, _cut(params, total, shard_numel), shard_numel=shard_numel, fields=fields, moment_dtype=fmt,
+                   algorithm=algorithm)  # fmt: skip
 
     @property
     def fingerprint(self) -> str:
-        """A hex digest of what the state *is*: shapes, dtypes, groups, shard size, fields, moment format."""
+        """A hex digest of what the state *is*: shapes, dtypes, groups, shard size, fields, moment format, algorithm."""
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()[:32]
 
     def describe_difference(self, other: Layout) -> str:
-        """A short human sentence saying how ``other`` differs from this layout."""
+        """A short human sentence saying how ``other`` differs from this layout (the algorithm first)."""
+        if self.algorithm is not other.algorithm:
+            return f"algorithm {other.algorithm.name!r} instead of {self.algorithm.name!r}"
         if len(self.params) != len(other.params):
             return f"{len(other.params)} parameters instead of {len(self.params)}"
         for a, b in zip(self.params, other.params):
@@ -592,12 +665,13 @@ def _int(entry: Mapping[str, Any], key: str, where: str, *, lo: int, hi: int) ->
     return value
 
 
-def _field_list(fields: Any) -> tuple[str, ...]:
+def _field_list(fields: Any, order: tuple[str, ...]) -> tuple[str, ...]:
+    """``fields`` checked against ``order`` (``master`` and the algorithm's fields, in extent order)."""
     if not isinstance(fields, list) or not fields or not all(isinstance(f, str) for f in fields):
-        raise ConfigError(f"layout fields={fields!r} must be a non-empty list of names from {FIELD_ORDER}")
-    canonical = tuple(f for f in FIELD_ORDER if f in fields)
+        raise ConfigError(f"layout fields={fields!r} must be a non-empty list of names from {order}")
+    canonical = tuple(f for f in order if f in fields)
     if tuple(fields) != canonical:
-        raise ConfigError(f"layout fields={fields!r} must be distinct names from {FIELD_ORDER}, in that order")
+        raise ConfigError(f"layout fields={fields!r} must be distinct names from {order}, in that order")
     return canonical
 
 
