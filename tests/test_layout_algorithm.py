@@ -28,6 +28,9 @@ class Momentum(AdamW):
     name = "momentum"
     fields = (FieldSpec("momentum_buffer", option="momentum", compressible=False),)
 
+    def uses(self, group, option) -> bool:
+        return option == "momentum" and group.get("momentum", 0) != 0
+
 
 ADAM, MOMENTUM = Adam(), Momentum()
 
@@ -131,3 +134,33 @@ def test_only_compressible_fields_take_the_moment_format() -> None:
                          moment_dtype="int8")  # fmt: skip
     assert adamw.encoded_fields == ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
     assert adamw.field_nbytes("exp_avg", 4096) < adamw.field_nbytes("master", 4096) == 4096 * 4
+
+
+def test_decide_chooses_the_algorithms_fields() -> None:
+    from tierstore._layout.spec import decide
+
+    kw = dict(numel=10_000, dtypes=[torch.float32], cuda=False, keep_master=None, arena_slots=4, ram_budget=None,
+              shard_numel=None)  # fmt: skip
+    assert decide(**kw, amsgrad=True) == decide(**kw, options={"amsgrad"})
+    assert decide(**kw, amsgrad=True).fields == ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+    spec = decide(**kw, algorithm=MOMENTUM, options=MOMENTUM.options([{"amsgrad": True, "momentum": 0.9}]))
+    assert spec.fields == ("momentum_buffer",) and spec.options == {"momentum"} and not spec.amsgrad
+    # A resumed state keeps the optional fields it was saved with.
+    saved = Layout.build(_groups(), shard_numel=1024, fields=("momentum_buffer",), algorithm=MOMENTUM)
+    assert decide(**kw, algorithm=MOMENTUM, options=(), saved=saved).fields == ("momentum_buffer",)
+    assert decide(**kw, algorithm=MOMENTUM, options=()).fields == ()
+    # Only compressible fields take the moment format's bytes.
+    int8 = dict(kw, keep_master=True, moment_dtype="int8")
+    assert decide(**int8, algorithm=MOMENTUM, options={"momentum"}).stored_bytes_per_element == 8
+    assert decide(**int8).stored_bytes_per_element < 8
+
+
+def test_torch_state_dicts_use_the_layouts_keys() -> None:
+    from tierstore._layout.torch_format import empty_state_dict, flat_sources
+
+    w = torch.zeros(3, requires_grad=True)
+    layout = Layout.build([[w]], shard_numel=1024, fields=("master", "momentum_buffer"), algorithm=MOMENTUM)
+    sd, flats = empty_state_dict(layout, [1.0], [{"lr": 0.1}])
+    assert list(sd["state"][0]) == ["step", "momentum_buffer", "master_param"] and list(flats[0]) == list(layout.fields)
+    sources = flat_sources({0: {"momentum_buffer": torch.ones(3), "exp_avg": torch.ones(3)}}, layout)
+    assert list(sources[0]) == ["momentum_buffer"]

@@ -1,10 +1,10 @@
 """What the state holds for a set of parameters: the one decision every caller shares.
 
 Given the trainable parameters (their dtypes, whether any lives on a GPU),
-the optimizer's options and its budget, :func:`decide` chooses the state's
-fields (moments, ``max_exp_avg_sq`` with amsgrad, an fp32 master copy when
-some parameter is not fp32 on the CPU or ``keep_master`` asks), the moments'
-format (``moment_dtype``: its bytes per element come from the layout), how
+the optimizer's algorithm and options and its budget, :func:`decide` chooses
+the state's fields (the algorithm's: AdamW's moments, ``max_exp_avg_sq`` with
+amsgrad; an fp32 master copy when some parameter is not fp32 on the CPU or
+``keep_master`` asks), the moments' format (``moment_dtype``: its bytes per element come from the layout), how
 many staging buffers the update needs, the arena's slots and the shard size.
 ``TieredAdamW``, the planner (``tierstore plan``) and the DeepSpeed-config
 mapping all call it, so they never disagree about bytes.
@@ -25,17 +25,18 @@ from dataclasses import dataclass
 
 import torch
 
+from .._compute.algorithms import ADAMW, Algorithm
 from .._compute.codecs import CHUNK_NUMEL
 from .._compute.formats import FIELD_ALIGN, MomentFormat
 from .._platform.dtensor import local_tensor
 from ..errors import ConfigError
 from .layout import (
     DEFAULT_SHARD_NUMEL,
-    MOMENT_FIELDS,
+    MASTER,
     STATE_ITEMSIZE,
     Layout,
-    fields_for,
     layout_format,
+    state_fields,
 )
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -50,7 +51,7 @@ class StateSpec:
 
     fields: tuple[str, ...]
     master: bool  # an fp32 master copy is the authoritative parameter value
-    amsgrad: bool  # the state has max_exp_avg_sq
+    options: frozenset[str]  # the algorithm's options whose fields the state has ("amsgrad": max_exp_avg_sq)
     cuda: bool  # some parameter lives on a GPU
     staged: bool  # gradients pass through a staging buffer (cast to fp32 or copied from a GPU)
     staging_buffers: int
@@ -58,6 +59,22 @@ class StateSpec:
     shard_numel: int
     moment_format: MomentFormat  # how the moments are stored (formats.FORMATS)
     workers: int = 1  # the most threads a compressed update uses (sizes its decode scratch)
+    algorithm: Algorithm = ADAMW  # whose fields these are
+
+    @property
+    def amsgrad(self) -> bool:
+        """The state has ``max_exp_avg_sq`` (AdamW's ``amsgrad`` option)."""
+        return "amsgrad" in self.options
+
+    @property
+    def encoded_fields(self) -> tuple[str, ...]:
+        """The fields a moment format stores (as :attr:`Layout.encoded_fields` will say)."""
+        return _encoded(self.algorithm, self.fields)
+
+    @property
+    def stored_bytes_per_element(self) -> float:
+        """Bytes one element of the flat space takes in an extent (the layout's arithmetic, unpadded)."""
+        return _stored_bytes_per_element(self.fields, self.moment_format, self.encoded_fields)
 
 
 def decide(
@@ -65,7 +82,7 @@ def decide(
     numel: int,
     dtypes: Iterable[torch.dtype],
     cuda: bool,
-    amsgrad: bool,
+    amsgrad: bool = False,
     keep_master: bool | None,
     arena_slots: int,
     ram_budget: int | None,
@@ -73,11 +90,16 @@ def decide(
     saved: Layout | None = None,
     moment_dtype: str | MomentFormat | None = None,
     workers: int = 1,
+    algorithm: Algorithm = ADAMW,
+    options: Iterable[str] = (),
 ) -> StateSpec:
     """Decide what the state holds for ``numel`` trainable elements of the given dtypes.
 
-    ``saved`` is the layout of a state being resumed: it fixes the shard size
-    and keeps its master and amsgrad fields where the caller left them open.
+    ``algorithm`` is the optimizer's, ``options`` the ones in use that add a
+    field (:meth:`~tierstore._compute.algorithms.base.Algorithm.options`);
+    ``amsgrad=True`` is AdamW's ``options={"amsgrad"}``. ``saved`` is the
+    layout of a state being resumed: it fixes the shard size and keeps its
+    master and optional fields (amsgrad's) where the caller left them open.
     ``moment_dtype`` (``None``: ``"float32"``) is the moments' format;
     ``workers`` the most threads a compressed update runs on.
 
@@ -90,11 +112,13 @@ def decide(
     dtypes = set(dtypes)
     low_precision = any(d != torch.float32 for d in dtypes)
     master = bool(keep_master) or low_precision or cuda
+    options = frozenset(options) | ({"amsgrad"} if amsgrad else frozenset())
     if saved is not None:
         shard_numel = saved.shard_numel if shard_numel is None else shard_numel
-        master = master or (keep_master is None and "master" in saved.fields)
-        amsgrad = amsgrad or "max_exp_avg_sq" in saved.fields
-    fields = fields_for(amsgrad=amsgrad, master=master)
+        master = master or (keep_master is None and MASTER in saved.fields)
+        options |= {f.option for f in algorithm.fields if f.option is not None and f.name in saved.fields}
+    fields = state_fields(algorithm, options, master=master)
+    encoded = _encoded(algorithm, fields)
     staged = low_precision or cuda
     staging = CUDA_STAGING_BUFFERS if cuda else (1 if staged else 0)
     if shard_numel is None:
@@ -104,15 +128,15 @@ def decide(
             nfields=len(fields),
             arena_slots=arena_slots,
             staging_buffers=staging,
-            stored_bytes=_stored_bytes_per_element(fields, fmt),
+            stored_bytes=_stored_bytes_per_element(fields, fmt, encoded),
             # Layout.scratch_nbytes: a shard's wide form, or the update's chunk of every moment plus one
-            scratch_bytes=0.0 if fmt.exact else float(max(len(fields), _moments(fields) + 1) * STATE_ITEMSIZE),
+            scratch_bytes=0.0 if fmt.exact else float(max(len(fields), len(encoded) + 1) * STATE_ITEMSIZE),
             workers=workers,
         )
     return StateSpec(
         fields=fields,
         master=master,
-        amsgrad=amsgrad,
+        options=options,
         cuda=cuda,
         staged=staged,
         staging_buffers=staging,
@@ -120,22 +144,25 @@ def decide(
         shard_numel=shard_numel,
         moment_format=fmt,
         workers=workers,
+        algorithm=algorithm,
     )
 
 
-def _moments(fields: Iterable[str]) -> int:
-    return sum(f in MOMENT_FIELDS for f in fields)
+def _encoded(algorithm: Algorithm, fields: Iterable[str]) -> tuple[str, ...]:
+    """The fields of ``fields`` a moment format stores: the algorithm's compressible ones (never the master)."""
+    return tuple(f for f in fields if f != MASTER and algorithm.field(f).compressible)
 
 
-def _stored_bytes_per_element(fields: Iterable[str], fmt: MomentFormat) -> float:
+def _stored_bytes_per_element(fields: Iterable[str], fmt: MomentFormat, encoded: Iterable[str]) -> float:
     """Bytes one element of the flat space takes in an extent (the layout's arithmetic, unpadded)."""
-    return sum(fmt.bytes_per_element if f in MOMENT_FIELDS else STATE_ITEMSIZE for f in fields)
+    encoded = set(encoded)
+    return sum(fmt.bytes_per_element if f in encoded else STATE_ITEMSIZE for f in fields)
 
 
 def decide_for(
     params: Sequence[torch.Tensor],
     *,
-    amsgrad: bool,
+    amsgrad: bool = False,
     keep_master: bool | None,
     arena_slots: int,
     ram_budget: int | None,
@@ -143,6 +170,8 @@ def decide_for(
     saved: Layout | None = None,
     moment_dtype: str | MomentFormat | None = None,
     workers: int = 1,
+    algorithm: Algorithm = ADAMW,
+    options: Iterable[str] = (),
 ) -> StateSpec:
     """:func:`decide` for real tensors: the trainable ones among ``params`` (local parts of DTensors)."""
     trainable = [local_tensor(p) for p in params if p.requires_grad]
@@ -158,6 +187,8 @@ def decide_for(
         saved=saved,
         moment_dtype=moment_dtype,
         workers=workers,
+        algorithm=algorithm,
+        options=options,
     )
 
 

@@ -38,7 +38,7 @@ from .._compute.algorithms import ADAMW
 from .._compute.hyper import check_hyper
 from .._platform.dtensor import local_tensor
 from ..errors import ConfigError, ParamsChangedError
-from .layout import FIELD_ORDER, STATE_KEY_OF_FIELD, Layout
+from .layout import MASTER, MASTER_KEY, STATE_KEY_OF_FIELD, Layout
 
 #: ``torch.optim.AdamW``'s group keys that TieredAdamW does not use, with the
 #: values that describe what it does, so state dicts load into either optimizer
@@ -290,9 +290,9 @@ def empty_state_dict(
             if field == "master" and has_master is not None and not has_master[p.index]:
                 continue
             tensor = torch.empty(p.shape, dtype=torch.float32)
-            entry[STATE_KEY_OF_FIELD[field]] = tensor
+            entry[layout.state_key(field)] = tensor
             flat[field] = tensor.view(-1)
-        state[p.index if keys is None else keys[p.index]] = _in_torch_key_order(entry)
+        state[p.index if keys is None else keys[p.index]] = _in_torch_key_order(entry, layout)
         if p.trainable:
             flats[p.index] = flat
     if keys is not None:
@@ -305,8 +305,9 @@ def empty_state_dict(
     return {"state": state, "param_groups": torch_groups}, flats
 
 
-def _in_torch_key_order(entry: dict[str, Tensor]) -> dict[str, Tensor]:
-    order = ["step", *(STATE_KEY_OF_FIELD[f] for f in FIELD_ORDER if f != "master"), STATE_KEY_OF_FIELD["master"]]
+def _in_torch_key_order(entry: dict[str, Tensor], layout: Layout) -> dict[str, Tensor]:
+    """``entry``'s keys as torch orders a state: ``step``, then the fields (``master_param``, tierstore's, last)."""
+    order = ["step", *(layout.state_key(f) for f in layout.field_order if f != MASTER), MASTER_KEY]
     return {k: entry[k] for k in order if k in entry}
 
 
@@ -437,7 +438,7 @@ def incoming_state(
             if extras:
                 incoming[i] = extras
             continue
-        for key in STATE_KEY_OF_FIELD.values():
+        for key in map(layout.state_key, layout.field_order):
             if key in entry and not isinstance(entry[key], Tensor):
                 raise ConfigError(
                     f"loaded {key} of parameter {i} is {type(entry[key]).__name__}, expected a tensor of "
@@ -468,6 +469,6 @@ def flat_sources(incoming: Mapping[int, Mapping[str, Any]], layout: Layout) -> d
         out[i] = {
             field: entry[key].detach().reshape(-1)
             for field in layout.fields
-            if isinstance(entry.get(key := STATE_KEY_OF_FIELD[field]), Tensor)
+            if isinstance(entry.get(key := layout.state_key(field)), Tensor)
         }
     return out

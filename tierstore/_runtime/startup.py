@@ -35,12 +35,12 @@ from typing import Any
 
 from torch import Tensor
 
+from .._compute.algorithms import ADAMW, Algorithm
 from .._compute.formats import MomentFormat
 from .._config.knobs import Knobs
 from .._layout.budget import TierPlan, plan_tiers
 from .._layout.layout import Layout, ShardSpec
 from .._layout.spec import StateSpec, decide_for
-from .._layout.spec import _stored_bytes_per_element as stored_bytes_per_element
 from .._layout.torch_format import step_tensor
 from .._platform.dtensor import local_tensor
 from .._state.journal import Journal
@@ -77,11 +77,13 @@ def start(
     keep_master: bool | None,
     restore_params: bool,
     moment_dtype: str | MomentFormat | None = None,
+    algorithm: Algorithm = ADAMW,
 ) -> Started:
     """Lay the state out, open its store and bring it to its first (or resumed) commit.
 
     ``moment_dtype`` is the moments' format (``None``: ``"float32"``); ``ram_budget``
-    is bytes or a share of the state's size (:func:`tierstore.sizes.budget_request`).
+    is bytes or a share of the state's size (:func:`tierstore.sizes.budget_request`);
+    ``algorithm`` the optimizer's, whose fields the state holds.
 
     ``param_groups``, ``params`` and ``state`` are the optimizer's own
     objects (the runtime keeps them for the step bookkeeping). On failure the
@@ -94,7 +96,8 @@ def start(
     """
     store = None
     try:
-        spec, layout, plan = _lay_out(journal, param_groups, params, knobs, ram_budget, shard_numel, keep_master, moment_dtype)
+        spec, layout, plan = _lay_out(journal, param_groups, params, knobs, ram_budget, shard_numel, keep_master,
+                                      moment_dtype, algorithm)  # fmt: skip
         if plan.disk_shards:
             journal.use_private_dir()
         store = ShardStore(
@@ -132,14 +135,16 @@ def _lay_out(
     shard_numel: int | None,
     keep_master: bool | None,
     moment_dtype: str | MomentFormat | None,
+    algorithm: Algorithm,
 ) -> tuple[StateSpec, Layout, TierPlan]:
     where = str(journal.directory)
     old = saved_layout(journal.saved, where) if journal.saved else None
     if isinstance(ram_budget, Fraction):
-        ram_budget = _share_bytes(ram_budget, params, param_groups, keep_master, old, moment_dtype, knobs)
+        ram_budget = _share_bytes(ram_budget, params, param_groups, keep_master, old, moment_dtype, knobs, algorithm)
     spec = decide_for(
         params,
-        amsgrad=any(g["amsgrad"] for g in param_groups),
+        algorithm=algorithm,
+        options=algorithm.options(param_groups),
         keep_master=keep_master,
         arena_slots=knobs.arena_slots,
         ram_budget=ram_budget,
@@ -153,6 +158,7 @@ def _lay_out(
         shard_numel=spec.shard_numel,
         fields=spec.fields,
         moment_dtype=spec.moment_format,
+        algorithm=spec.algorithm,
     )
     if old is not None:
         check_same_model(old, layout, where)
@@ -183,14 +189,15 @@ def _share_bytes(
     old: Layout | None,
     moment_dtype: str | MomentFormat | None,
     knobs: Knobs,
+    algorithm: Algorithm,
 ) -> int:
     """``share`` of the state's size (its fields in their stored format, unpadded), in bytes."""
-    # The fields (master, amsgrad) and format decide the size, and no budget changes them.
-    spec = decide_for(params, amsgrad=any(g["amsgrad"] for g in param_groups), keep_master=keep_master,
+    # The fields (master, the options' fields) and format decide the size, and no budget changes them.
+    spec = decide_for(params, algorithm=algorithm, options=algorithm.options(param_groups), keep_master=keep_master,
                       arena_slots=knobs.arena_slots, ram_budget=None, shard_numel=old.shard_numel if old else 1 << 10,
                       saved=old, moment_dtype=moment_dtype)  # fmt: skip
     numel = sum(local_tensor(p).numel() for p in params if p.requires_grad)
-    return resolve_budget(share, state_bytes=int(numel * stored_bytes_per_element(spec.fields, spec.moment_format)))
+    return resolve_budget(share, state_bytes=int(numel * spec.stored_bytes_per_element))
 
 
 def _fresh(runtime: Runtime, layout: Layout, params: Sequence[Tensor]) -> None:

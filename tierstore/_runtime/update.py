@@ -62,7 +62,7 @@ from torch import Tensor
 from .._compute import codecs, formats, fused_update
 from .._compute.hyper import GroupHyper
 from .._compute.kernel import adamw
-from .._layout.layout import MOMENT_FIELDS, Layout, ShardSpec, round_up, update_chunk_numel
+from .._layout.layout import Layout, ShardSpec, round_up, update_chunk_numel
 from .._layout.torch_format import step_tensor
 from .._platform.dtensor import local_tensor
 from .._platform.faults import crash_point
@@ -291,7 +291,7 @@ class ShardUpdate:
         if layout.encoded:
             self._update_encoded(shard, flat, work, staging, master)
         else:
-            moments = {f: v for f, v in layout.field_views(flat, shard).items() if f in MOMENT_FIELDS}
+            moments = {f: v for f, v in layout.field_views(flat, shard).items() if f != "master"}
             self._kernel(work, staging, master, moments, 0, shard.capacity)
         crash_point("mid-update")
         if master is not None:
@@ -346,7 +346,7 @@ class ShardUpdate:
     ) -> None:
         """Decode -> fused kernel -> encode, chunk by chunk, on the workers (see the module docs)."""
         layout, fmt = self.layout, self.layout.format
-        fields = [f for f in MOMENT_FIELDS if f in layout.fields]
+        fields = list(layout.encoded_fields)
         stored = {f: formats.split(fmt, layout.stored_field(extent, shard, f), shard.capacity) for f in fields}
         chunk = update_chunk_numel(layout.max_capacity)
         chunks = active_chunks(work, block=layout.param_align, chunk=chunk, capacity=shard.capacity)

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from .._layout.layout import STATE_KEY_OF_FIELD, Layout, ShardSpec
+from .._layout.layout import Layout, ShardSpec
 from .._platform.hostmem import HostBuffer
 from .._storage.integrity import checksum_mismatch, shard_checksum
 from .._storage.store import STATE_FILES
@@ -256,7 +256,7 @@ class StateReader:
         out = {f: torch.empty(meta.numel, dtype=torch.float32) for f in self.layout.fields}
         for shard_index in self.layout.shards_of([index]):
             self.layout.copy_out(self.layout.shards[shard_index], self.read_shard(shard_index), {index: out})
-        return {STATE_KEY_OF_FIELD[f]: t.view(meta.shape) for f, t in out.items()}
+        return {self.layout.state_key(f): t.view(meta.shape) for f, t in out.items()}
 
     def _check_covered(self, index: int) -> None:
         """The segments of parameter ``index`` tile its elements ``[0, numel)``: none missing, none twice."""

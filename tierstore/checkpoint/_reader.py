@@ -36,7 +36,7 @@ from zarr.codecs import BytesCodec, Crc32cCodec
 from zarr.core.buffer import default_buffer_prototype
 
 from .._compute import codecs, formats
-from .._layout.layout import FIELD_OF_STATE_KEY, MOMENT_FIELDS, STATE_KEY_OF_FIELD, ShardSpec
+from .._layout.layout import ShardSpec
 from .._state import manifest as manifest_mod
 from .._storage.chunkfile import SCRATCH_NBYTES, ChunkFiles
 from .._storage.integrity import BlockDigests, shard_checksum
@@ -110,7 +110,7 @@ class CheckpointReader:
         self.files: dict[str, ChunkFiles | None] = {}  # array name -> its chunk files (float32 arrays)
         checksum = attrs.get("checksum")
         for name in names:
-            field = FIELD_OF_STATE_KEY[name]
+            field = self.layout.field_of_key(name)  # names are the layout's own keys (checked above)
             for array_name, spec in array_specs(self.layout, field).items():
                 arr = self._open_array(group, array_name, spec, entries, crc32c=checksum == "crc32c")
                 if array_name == name:
@@ -126,7 +126,7 @@ class CheckpointReader:
         """The arrays the checkpoint lists: exactly one per field of its layout, and the attributes that go with them."""
         layout = self.layout
         where = f"checkpoint {self.path}"
-        expected = [STATE_KEY_OF_FIELD[f] for f in layout.fields]
+        expected = [layout.state_key(f) for f in layout.fields]
         names = attrs.get("arrays")
         if not same_json(names, expected):
             missing = [n for n in expected if not isinstance(names, list) or n not in names]
@@ -145,7 +145,7 @@ class CheckpointReader:
         if layout.encoded:
             checks["moment_dtype"] = layout.format.name
             checks["scale_arrays"] = {
-                STATE_KEY_OF_FIELD[f]: scales_name(f) for f in layout.fields if f in MOMENT_FIELDS and layout.format.block_numel
+                layout.state_key(f): scales_name(layout, f) for f in layout.encoded_fields if layout.format.block_numel
             }
             if version < 2:
                 raise CorruptStateError(
@@ -238,10 +238,10 @@ class CheckpointReader:
         return list(self.chunk_checksums)
 
     def _array(self, name: str) -> Any:
-        field = FIELD_OF_STATE_KEY.get(name)
+        field = self.layout.field_of_key(name)
         if field is not None:
             return self.arrays[field]
-        return self.scales[FIELD_OF_STATE_KEY[name.removesuffix(SCALES_SUFFIX)]]
+        return self.scales[self.layout.field_of_key(name.removesuffix(SCALES_SUFFIX))]
 
     def _where(self, name: str, index: int) -> str:
         arr = self._array(name)
@@ -370,20 +370,20 @@ class CheckpointReader:
 
     def read_values(self, field: str, lo: int, out: np.ndarray) -> None:
         """The fp32 values ``[lo, lo + out.size)`` of ``field`` (decoded in a compressed format)."""
-        if field not in MOMENT_FIELDS or not self.layout.encoded:
-            self.read_range(STATE_KEY_OF_FIELD[field], lo, out)
+        if field not in self.layout.encoded_fields or not self.layout.encoded:
+            self.read_range(self.layout.state_key(field), lo, out)
             return
         self._ranged(field, lo, out, lambda i, o: self._decode_chunk(field, i, o), self.layout.shard_numel, self.layout.total_numel)
 
     def _decode_chunk(self, field: str, index: int, out: np.ndarray) -> None:
-        fmt, key = self.format, STATE_KEY_OF_FIELD[field]
+        fmt, key = self.format, self.layout.state_key(field)
         n = out.size
         codes = np.empty(n, dtype=self.arrays[field].dtype)
         self.read_chunk(key, index, codes)
         scales = None
         if fmt.block_numel:
             scales = torch.from_numpy(np.empty(fmt.num_blocks(n), dtype=np.float32))
-            self.read_chunk(scales_name(field), index, scales.numpy())
+            self.read_chunk(scales_name(self.layout, field), index, scales.numpy())
         code_tensor = torch.from_numpy(codes)
         if fmt.code_itemsize == 2:
             code_tensor = code_tensor.view(torch.bfloat16)
@@ -392,14 +392,14 @@ class CheckpointReader:
     def read_stored(self, field: str, shard: ShardSpec, stored: torch.Tensor) -> None:
         """A field's stored bytes for ``shard`` of a layout of this checkpoint's format and flat space."""
         fmt = self.format
-        if field not in MOMENT_FIELDS or not self.layout.encoded:
-            self.read_range(STATE_KEY_OF_FIELD[field], shard.start, stored.view(torch.float32)[: shard.capacity].numpy())
+        if field not in self.layout.encoded_fields or not self.layout.encoded:
+            self.read_range(self.layout.state_key(field), shard.start, stored.view(torch.float32)[: shard.capacity].numpy())
             return
         stored.zero_()  # padding
         codes, scales = formats.split(fmt, stored, shard.capacity)
-        self.read_range(STATE_KEY_OF_FIELD[field], shard.start, numpy_codes(codes))
+        self.read_range(self.layout.state_key(field), shard.start, numpy_codes(codes))
         if scales is not None:
-            self.read_range(scales_name(field), shard.start // fmt.block_numel, scales.numpy())
+            self.read_range(scales_name(self.layout, field), shard.start // fmt.block_numel, scales.numpy())
 
 
 def verify_checkpoint(path: str | os.PathLike, *, progress: Callable[[int], object] | None = None) -> list[str]:

@@ -42,7 +42,7 @@ import zarr
 from zarr.codecs import Crc32cCodec
 
 from .._compute import formats
-from .._layout.layout import MOMENT_FIELDS, STATE_KEY_OF_FIELD, ShardSpec
+from .._layout.layout import ShardSpec
 from .._state.statedir import fsync_dir
 from .._storage.chunkfile import ChunkFiles, sync_and_drop
 from .._storage.integrity import shard_checksum
@@ -133,19 +133,19 @@ class CheckpointWriter:
         DiskFullError
             If the drive is full (nothing is left at ``path``).
         """
-        self._put(STATE_KEY_OF_FIELD[field], shard, shard.start, data.numpy())
+        self._put(self.layout.state_key(field), shard, shard.start, data.numpy())
 
     def write_stored(self, shard: ShardSpec, field: str, stored: torch.Tensor) -> None:
         """Store a field's stored bytes (from a shard's extent, in the layout's format) as its chunks."""
         layout = self.layout
-        if field not in MOMENT_FIELDS or not layout.encoded:
+        if field not in layout.encoded_fields or not layout.encoded:
             self.write(shard, field, stored.view(torch.float32)[: shard.capacity])
             return
         fmt = layout.format
         codes, scales = formats.split(fmt, stored, shard.capacity)
-        self._put(STATE_KEY_OF_FIELD[field], shard, shard.start, numpy_codes(codes))
+        self._put(layout.state_key(field), shard, shard.start, numpy_codes(codes))
         if scales is not None:
-            self._put(scales_name(field), shard, shard.start // fmt.block_numel, scales.numpy())
+            self._put(scales_name(layout, field), shard, shard.start // fmt.block_numel, scales.numpy())
 
     def _put(self, name: str, shard: ShardSpec, lo: int, values: np.ndarray) -> None:
         array = self.arrays[name]

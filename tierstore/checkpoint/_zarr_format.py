@@ -8,7 +8,9 @@ described in the package docstring and ``docs/checkpoints.md``.
 
 Example
 -------
->>> scales_name("exp_avg"), numpy_codes(torch.ones(2, dtype=torch.bfloat16)).tolist()  # bfloat16 as its bits
+>>> w = torch.zeros(3, requires_grad=True)
+>>> layout = Layout.build([[w]], shard_numel=1024, fields=("exp_avg", "exp_avg_sq"), moment_dtype="int8")
+>>> scales_name(layout, "exp_avg"), numpy_codes(torch.ones(2, dtype=torch.bfloat16)).tolist()  # bfloat16 as its bits
 ('exp_avg_scales', [16256, 16256])
 """
 
@@ -24,7 +26,7 @@ import torch
 from zarr.codecs import Crc32cCodec
 
 from .._compute import formats
-from .._layout.layout import MOMENT_FIELDS, STATE_KEY_OF_FIELD, Layout
+from .._layout.layout import Layout
 from .._version import __version__
 from ._files import read_regular
 
@@ -83,7 +85,7 @@ class CheckpointHeader:
             extra = {
                 "moment_dtype": fmt.name,
                 "scale_arrays": {
-                    STATE_KEY_OF_FIELD[f]: scales_name(f) for f in layout.fields if f in MOMENT_FIELDS and fmt.block_numel
+                    layout.state_key(f): scales_name(layout, f) for f in layout.encoded_fields if fmt.block_numel
                 },
             }
         return {
@@ -96,7 +98,7 @@ class CheckpointHeader:
             "layout": layout.to_dict(),
             "total_numel": layout.total_numel,
             "shard_numel": layout.shard_numel,
-            "arrays": [STATE_KEY_OF_FIELD[f] for f in layout.fields],
+            "arrays": [layout.state_key(f) for f in layout.fields],
             "checksum": checksum,
             "step_count": int(self.step_count),
             "param_groups": self.param_groups,
@@ -105,8 +107,9 @@ class CheckpointHeader:
         }
 
 
-def scales_name(field: str) -> str:
-    return STATE_KEY_OF_FIELD[field] + SCALES_SUFFIX
+def scales_name(layout: Layout, field: str) -> str:
+    """The name of the array of ``field``'s int8 block scales (beside the array of its codes)."""
+    return layout.state_key(field) + SCALES_SUFFIX
 
 
 def numpy_codes(codes: torch.Tensor) -> np.ndarray:
@@ -119,8 +122,8 @@ def numpy_codes(codes: torch.Tensor) -> np.ndarray:
 def array_specs(layout: Layout, field: str) -> dict[str, tuple[str, int, int, dict[str, Any]]]:
     """The arrays holding ``field`` in a checkpoint of ``layout``: name -> (dtype, length, chunk, attributes)."""
     total, chunk, fmt = layout.total_numel, layout.shard_numel, layout.format
-    key = STATE_KEY_OF_FIELD[field]
-    if field not in MOMENT_FIELDS or fmt.exact:
+    key = layout.state_key(field)
+    if field not in layout.encoded_fields or fmt.exact:
         return {key: ("float32", total, chunk, {"field": field})}
     if fmt.code_itemsize == 2:
         return {key: ("uint16", total, chunk, {
@@ -131,11 +134,11 @@ def array_specs(layout: Layout, field: str) -> dict[str, tuple[str, int, int, di
     values = formats.int8_map(fmt, field)
     return {
         key: ("uint8", total, chunk, {
-            "field": field, "encoding": "int8-blockwise", "block_numel": bn, "scales": scales_name(field),
+            "field": field, "encoding": "int8-blockwise", "block_numel": bn, "scales": scales_name(layout, field),
             "nonfinite_code": formats.NONFINITE_CODE, "map": [float(v) for v in values],
             "decode": "numpy.append(map, numpy.nan).astype('float32')[codes] * scales[i // block_numel] (i: the flat index)",
         }),
-        scales_name(field): ("float32", total // bn, chunk // bn, {"field": field, "scales_of": key, "block_numel": bn}),
+        scales_name(layout, field): ("float32", total // bn, chunk // bn, {"field": field, "scales_of": key, "block_numel": bn}),
     }
 
 

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
-from .._layout.layout import STATE_KEY_OF_FIELD, ShardSpec
+from .._layout.layout import ShardSpec
 from .._layout.torch_format import step_tensor
 from .._platform import torch_private
 from .._platform.dtensor import local_tensor
@@ -112,7 +112,8 @@ class StateTensor(Placeholder):
         self._field = field
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # noqa: ARG002
-        return f"TieredState({self._part.fqn}.{STATE_KEY_OF_FIELD.get(self._field, self._field)}, shape={tuple(self.shape)})"
+        key = self._field if self._field == "step" else self._session.layout.state_key(self._field)
+        return f"TieredState({self._part.fqn}.{key}, shape={tuple(self.shape)})"
 
     def _order(self, index: MetadataIndex) -> tuple[int, int]:
         """Where the block ``index`` names starts in the layout, then the field: shard order."""
@@ -241,7 +242,7 @@ class Session:
         for part in self.parts:
             entry = state.get(part.fqn, {})
             for field in self.layout.fields:
-                value = entry.get(STATE_KEY_OF_FIELD[field])
+                value = entry.get(self.layout.state_key(field))
                 if isinstance(value, StateTensor):
                     if (part.index, field) in value._session.loaded:
                         out[(part.index, field)] = value._session._source(part, field)
@@ -249,7 +250,7 @@ class Session:
                     local = local_tensor(value).detach()
                     if tuple(local.shape) != part.shape:
                         raise ValueError(
-                            f"{part.fqn}.{STATE_KEY_OF_FIELD[field]} has local shape {tuple(local.shape)}, "
+                            f"{part.fqn}.{self.layout.state_key(field)} has local shape {tuple(local.shape)}, "
                             f"this rank's part of the parameter is {part.shape}"
                         )
                     out[(part.index, field)] = local.reshape(-1).to(torch.float32)

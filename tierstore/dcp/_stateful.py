@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .._layout.layout import STATE_KEY_OF_FIELD, ShardSpec
+from .._layout.layout import ShardSpec
 from .._layout.torch_format import require_amsgrad_field
 from .._platform.dtensor import local_tensor
 from .._runtime.access import ShardAccess
@@ -119,7 +119,8 @@ class TieredStateful:
         for part in session.parts:
             group = opt.param_groups[opt.layout.params[part.index].group]
             fields = [f for f in opt.layout.fields if f != "max_exp_avg_sq" or group["amsgrad"]]
-            state[part.fqn] = {STATE_KEY_OF_FIELD.get(f, f): StateTensor(session, part, f) for f in ("step", *fields)}
+            state[part.fqn] = {"step": StateTensor(session, part, "step")}
+            state[part.fqn].update({opt.layout.state_key(f): StateTensor(session, part, f) for f in fields})
         groups = []
         for group in opt.param_groups:
             packed = {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
@@ -184,7 +185,7 @@ class TieredStateful:
                 continue  # no state to carry (or no local elements: nothing of it on this rank)
             saved_group = saved_groups[layout.params[part.index].group]
             wanted = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if saved_group.get("amsgrad") else [])
-            missing = [STATE_KEY_OF_FIELD[f] for f in wanted if f in layout.fields and (part.index, f) not in sources]
+            missing = [layout.state_key(f) for f in wanted if f in layout.fields and (part.index, f) not in sources]
             if missing:
                 raise ConfigError(
                     f"the loaded state of {part.fqn} has a step but no {missing}; a missing moment is never "

@@ -29,7 +29,6 @@ from .._config.registry import KNOBS
 from .._layout.budget import OVERHEAD_BYTES, TierPlan, plan_tiers, staging_nbytes, whole_state_text
 from .._layout.layout import DEFAULT_SHARD_NUMEL, Layout
 from .._layout.spec import StateSpec, decide
-from .._layout.spec import _stored_bytes_per_element as stored_bytes_per_element
 from .._runtime.grad_offload import DEFAULT_BUCKET_BYTES
 from .._state.commit_policy import CommitPolicy
 from ..errors import BudgetError, ConfigError
@@ -287,7 +286,7 @@ def plan_memory(
     elif isinstance(request, Fraction):
         # A share of the state's size (its fields as stored, unpadded), as TieredAdamW resolves it.
         fields = decide(**decide_kw, ram_budget=None, shard_numel=DEFAULT_SHARD_NUMEL)
-        state_bytes = int(n_train * stored_bytes_per_element(fields.fields, fields.moment_format))
+        state_bytes = int(n_train * fields.stored_bytes_per_element)
         budget_given = resolve_budget(request, state_bytes=state_bytes)
     else:
         budget_given = request
