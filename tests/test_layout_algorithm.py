@@ -160,7 +160,9 @@ def test_torch_state_dicts_use_the_layouts_keys() -> None:
 
     w = torch.zeros(3, requires_grad=True)
     layout = Layout.build([[w]], shard_numel=1024, fields=("master", "momentum_buffer"), algorithm=MOMENTUM)
-    sd, flats = empty_state_dict(layout, [1.0], [{"lr": 0.1}])
+    sd, flats = empty_state_dict(layout, [1.0], [{"lr": 0.1, "momentum": 0.9}])
     assert list(sd["state"][0]) == ["step", "momentum_buffer", "master_param"] and list(flats[0]) == list(layout.fields)
+    sd, flats = empty_state_dict(layout, [1.0], [{"lr": 0.1, "momentum": 0.0}])  # a group that does not use it
+    assert list(sd["state"][0]) == ["step", "master_param"] and list(flats[0]) == ["master"]
     sources = flat_sources({0: {"momentum_buffer": torch.ones(3), "exp_avg": torch.ones(3)}}, layout)
     assert list(sources[0]) == ["momentum_buffer"]

@@ -206,7 +206,7 @@ def test_the_users_thread_count_is_never_changed() -> None:
         import json, tempfile, threading, time
         import torch
         torch.set_num_threads(2)
-        import tierstore._runtime.update
+        import tierstore._runtime.update, tierstore._compute.kernel
         from tierstore import TieredAdamW
         calls, seen, in_update = [], set(), set()
         real_set = torch.set_num_threads
@@ -214,11 +214,11 @@ def test_the_users_thread_count_is_never_changed() -> None:
             calls.append((threading.current_thread().name, n))
             real_set(n)
         torch.set_num_threads = recording_set
-        real_adamw = tierstore._runtime.update.adamw
+        real_adamw = tierstore._compute.kernel.adamw
         def adamw(*args, **kwargs):
             in_update.add(torch.get_num_threads())
             return real_adamw(*args, **kwargs)
-        tierstore._runtime.update.adamw = adamw
+        tierstore._compute.kernel.adamw = adamw
         def probe():
             box = []
             t = threading.Thread(target=lambda: box.append(torch.get_num_threads()))

@@ -86,7 +86,9 @@ FIELD_ALIGN = 4096  # bytes; every encoded field starts on a page (O_DIRECT)
 CAPACITY_MULTIPLE = 1024  # elements; shard capacities are multiples of this (layout.PAGE_NUMEL)
 NONFINITE_CODE = 255  # int8 code of a NaN/inf element; decodes to NaN
 FIELDS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
-SIGNED_FIELDS = ("exp_avg",)
+# Fields that may be negative, by name across every algorithm (each FieldSpec says signed=True;
+# tests/test_algorithms.py checks the two agree): an int8 code table then spans both signs.
+SIGNED_FIELDS = ("exp_avg", "momentum_buffer", "grad_avg")
 _FIELD_STREAM = {"exp_avg": 1, "exp_avg_sq": 2, "max_exp_avg_sq": 3}
 MASK32 = 0xFFFFFFFF
 BUCKET_SHIFT = 12  # int8 nearest: codes are looked up by the upper 32 - 12 = 20 bits of x / scale

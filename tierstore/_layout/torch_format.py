@@ -28,14 +28,13 @@ Example
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Collection, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .._compute.algorithms import ADAMW
-from .._compute.hyper import check_hyper
+from .._compute.algorithms import ADAMW, Algorithm
 from .._platform.dtensor import local_tensor
 from ..errors import ConfigError, ParamsChangedError
 from .layout import MASTER, MASTER_KEY, STATE_KEY_OF_FIELD, Layout
@@ -49,6 +48,12 @@ GROUP_DEFAULTS = dict(ADAMW.group_defaults)
 #: The keys of a parameter's state that tierstore keeps itself (in its shards and step counts);
 #: any other key of ``optimizer.state[p]`` is the user's, carried as torch carries it.
 OWN_STATE_KEYS = frozenset({"step", *STATE_KEY_OF_FIELD.values()})
+
+
+def own_state_keys(layout: Layout) -> frozenset[str]:
+    """The keys of a parameter's torch state that the layout's algorithm keeps (its scalars, its fields' keys)."""
+    algorithm = layout.algorithm
+    return frozenset({*algorithm.state_scalars, "step", *map(layout.state_key, layout.field_order)})
 
 
 #: The key of the small dict a trainer integration saves in a checkpoint in place of the optimizer's
@@ -81,13 +86,17 @@ def reset_param_steps(state: dict[Any, dict[str, Any]], params: Sequence[Tensor]
 
 
 def restore_groups(
-    param_groups: Sequence[dict[str, Any]], saved: Sequence[Mapping[str, Any]], *, like_torch: bool = False
+    param_groups: Sequence[dict[str, Any]],
+    saved: Sequence[Mapping[str, Any]],
+    *,
+    like_torch: bool = False,
+    algorithm: Algorithm = ADAMW,
 ) -> None:
     """Take the hyperparameters of ``saved`` groups (not their params), torch's defaults where absent.
 
     ``like_torch``: as ``torch.optim.Optimizer.load_state_dict`` does, each
     group becomes the saved one (keys it lacks are dropped, then get
-    AdamW's defaults; ``param_names`` stay unless the saved group has
+    the algorithm's defaults, :meth:`~tierstore._compute.algorithms.base.Algorithm.restore_group`; ``param_names`` stay unless the saved group has
     them). Otherwise the saved keys are merged into the group.
     """
     for mine, group in zip(param_groups, saved):
@@ -98,14 +107,7 @@ def restore_groups(
         mine["params"] = params
         if names is not None and "param_names" not in group:
             mine["param_names"] = names
-        mine.setdefault("amsgrad", False)
-        mine.setdefault("maximize", False)
-        for key, value in GROUP_DEFAULTS.items():
-            mine.setdefault(key, value)
-        # Note: as torch.optim.AdamW.__setstate__ does, a group loaded from any state (one saved by
-        # torch.optim.Adam included, which says False) is decoupled: this is AdamW's update.
-        mine["decoupled_weight_decay"] = True
-        mine["betas"] = tuple(float(b) for b in mine["betas"])
+        algorithm.restore_group(mine)
 
 
 def check_same_params(param_groups: Sequence[Mapping[str, Any]], params: Sequence[Tensor]) -> None:
@@ -170,9 +172,14 @@ def packed_groups(
 
 
 def extra_state(
-    state: Mapping[Any, Mapping[str, Any]], params: Sequence[Tensor], keys: Mapping[int, int]
+    state: Mapping[Any, Mapping[str, Any]],
+    params: Sequence[Tensor],
+    keys: Mapping[int, int],
+    own: Collection[str] = OWN_STATE_KEYS,
 ) -> tuple[dict[int, dict[str, Any]], dict[Any, Any]]:
     """The entries of ``optimizer.state`` tierstore does not keep itself, keyed as a state dict keys them.
+
+    ``own`` are the keys tierstore keeps (:func:`own_state_keys`; AdamW's by default).
 
     Returns the extra keys of each parameter's state (by state-dict key) and
     the entries whose key is not a parameter, both as torch's ``state_dict``
@@ -193,7 +200,7 @@ def extra_state(
             others[key] = entry
             continue
         i = position.get(id(key))
-        extras = {k: v for k, v in entry.items() if k not in OWN_STATE_KEYS}
+        extras = {k: v for k, v in entry.items() if k not in own}
         if i is not None and extras and i in keys:
             per_param[keys[i]] = extras
     return per_param, others
@@ -269,29 +276,33 @@ def empty_state_dict(
     ``groups`` are the param groups' hyperparameters (a ``params`` key is
     replaced by the layout's positions), or, with ``keys``, groups packed by
     :func:`packed_groups` (kept as they are) and the state-dict key of each
-    layout position (the state is keyed by those). ``max_exp_avg_sq`` is given only to
-    parameters whose group uses amsgrad, ``master_param`` to those for which
+    layout position (the state is keyed by those). A field an option adds
+    (``max_exp_avg_sq``) is given only to parameters whose group uses the
+    option (amsgrad), ``step`` only where the algorithm keeps one, ``master_param`` to those for which
     ``has_master`` is true (default: all, when the layout keeps masters).
     The flat views, ``flats[param][field]``, are what
     :meth:`~tierstore._layout.layout.Layout.copy_out` fills.
     """
+    algorithm = layout.algorithm
     state: dict[int, dict[str, Tensor]] = {}
     flats: dict[int, dict[str, Tensor]] = {}
     for p in layout.params:
         step = steps[p.index]
         if not has_state(layout, p.index, step):
             continue
-        amsgrad = bool(groups[p.group].get("amsgrad", False))
-        entry = {"step": step_tensor(step)}
+        entry = {"step": step_tensor(step)} if "step" in algorithm.state_scalars else {}
         flat = {}
         for field in layout.fields:
-            if field == "max_exp_avg_sq" and not amsgrad:
-                continue
+            option = None if field == MASTER else algorithm.field(field).option
+            if option is not None and not algorithm.uses(groups[p.group], option):
+                continue  # a field the group does not use (max_exp_avg_sq without amsgrad): torch has none
             if field == "master" and has_master is not None and not has_master[p.index]:
                 continue
             tensor = torch.empty(p.shape, dtype=torch.float32)
             entry[layout.state_key(field)] = tensor
             flat[field] = tensor.view(-1)
+        if not entry:
+            continue  # nothing torch would keep (SGD without momentum keeps no state)
         state[p.index if keys is None else keys[p.index]] = _in_torch_key_order(entry, layout)
         if p.trainable:
             flats[p.index] = flat
@@ -341,22 +352,18 @@ def positions(state_dict: Mapping[str, Any], *, strict: bool = True) -> tuple[li
     return groups, position
 
 
-def require_amsgrad_field(groups: Sequence[Mapping[str, Any]], layout: Layout, source: str) -> None:
-    """Refuse groups that use amsgrad when the state has no ``max_exp_avg_sq``.
+def require_option_fields(groups: Sequence[Mapping[str, Any]], layout: Layout, source: str) -> None:
+    """Refuse groups that use an option whose field the state lacks (amsgrad without ``max_exp_avg_sq``).
 
     Raises
     ------
     ConfigError
-        Naming the group and the fix.
+        Naming the group and the fix (:meth:`~tierstore._compute.algorithms.base.Algorithm.require_fields`).
     """
-    if "max_exp_avg_sq" in layout.fields:
-        return
-    for gi, group in enumerate(groups):
-        if group.get("amsgrad", False):
-            raise ConfigError(
-                f"{source} parameter group {gi} uses amsgrad but this optimizer was built without it; "
-                "build TieredAdamW with amsgrad=True"
-            )
+    layout.algorithm.require_fields(groups, layout.fields, source)
+
+
+require_amsgrad_field = require_option_fields  # its name while AdamW was the one algorithm
 
 
 def require_state_dict(state_dict: Any) -> None:
@@ -405,6 +412,7 @@ def incoming_state(
         tensor has the wrong number of elements.
     """
     require_state_dict(state_dict)
+    algorithm = layout.algorithm
     saved_groups = state_dict["param_groups"]
     if len(saved_groups) != len(param_groups):
         raise ConfigError(
@@ -416,8 +424,8 @@ def incoming_state(
                 f"loaded state dict's parameter group {gi} has {len(saved['params'])} parameters, "
                 f"this optimizer's has {len(mine['params'])}"
             )
-        check_hyper(saved["lr"], saved["betas"], saved["eps"], saved["weight_decay"], f" in loaded group {gi}")
-    require_amsgrad_field(saved_groups, layout, "loaded")
+        layout.algorithm.check_group(saved, f" in loaded group {gi}")
+    require_option_fields(saved_groups, layout, "loaded")
     _, position = positions(state_dict, strict=False)
     incoming: dict[int, dict[str, Any]] = {}
     others: dict[Any, Any] = {}
@@ -434,7 +442,7 @@ def incoming_state(
             )
         entry = {k: local_tensor(v) if isinstance(v, Tensor) and k != "step" else v for k, v in entry.items()}
         if not meta.trainable and meta.numel > 0:
-            extras = {k: v for k, v in entry.items() if k not in OWN_STATE_KEYS}
+            extras = {k: v for k, v in entry.items() if k not in own_state_keys(layout)}
             if extras:
                 incoming[i] = extras
             continue
@@ -442,8 +450,8 @@ def incoming_state(
             if key in entry and not isinstance(entry[key], Tensor):
                 raise ConfigError(
                     f"loaded {key} of parameter {i} is {type(entry[key]).__name__}, expected a tensor of "
-                    f"{meta.numel} elements (shape {meta.shape}); load a state dict saved by TieredAdamW or "
-                    "torch.optim.AdamW"
+                    f"{meta.numel} elements (shape {meta.shape}); load a state dict saved by {algorithm.front} or "
+                    f"{algorithm.torch_class}"
                 )
             if key in entry and entry[key].numel() != meta.numel:
                 raise ConfigError(
@@ -452,11 +460,12 @@ def incoming_state(
                 )
         # A parameter that has taken a step has both moments: a missing one is never made up as zeros
         # (torch.optim.AdamW fails at its next step on such a state; this fails before loading anything).
-        missing = [key for key in ("exp_avg", "exp_avg_sq") if "step" in entry and key not in entry]
+        required = map(layout.state_key, algorithm.required_fields())
+        missing = [key for key in required if "step" in entry and key not in entry]
         if missing:
             raise ConfigError(
                 f"loaded state of parameter {i} has a step but no {' and no '.join(missing)}; load a state dict "
-                "saved by TieredAdamW or torch.optim.AdamW whole, or drop the parameter's entry to start it fresh"
+                f"saved by {algorithm.front} or {algorithm.torch_class} whole, or drop the parameter's entry to start it fresh"
             )
         incoming[i] = entry
     return incoming, others

@@ -334,7 +334,7 @@ class Runtime:
                 self.step_count = int(step_count)
             self.pipeline.run(range(len(layout.shards)), fill_and_sync, read=False)
             reset_param_steps(self._state, self._params, param_steps)
-            restore_groups(self._param_groups, groups, like_torch=groups_like_torch)
+            restore_groups(self._param_groups, groups, like_torch=groups_like_torch, algorithm=layout.algorithm)
             self.commit()
 
     def describe(self, layout: Layout, plan: TierPlan) -> str:

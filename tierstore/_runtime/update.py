@@ -60,8 +60,6 @@ import torch
 from torch import Tensor
 
 from .._compute import codecs, formats, fused_update
-from .._compute.hyper import GroupHyper
-from .._compute.kernel import adamw
 from .._layout.layout import Layout, ShardSpec, round_up, update_chunk_numel
 from .._layout.torch_format import step_tensor
 from .._platform.dtensor import local_tensor
@@ -224,7 +222,8 @@ class ShardUpdate:
     active
         The parameters with a gradient (:func:`gather`).
     hypers
-        Each param group's hyperparameters, snapshotted when the step started.
+        Each param group's hyperparameters, snapshotted when the step started
+        (the layout's algorithm's :meth:`~tierstore._compute.algorithms.base.Algorithm.snapshot`).
     staging
         ``staging(role)`` returns a staging buffer (fp32, one shard long);
         ``None`` when no gradient is staged.
@@ -241,7 +240,7 @@ class ShardUpdate:
         self,
         layout: Layout,
         active: Mapping[int, ActiveParam],
-        hypers: Sequence[GroupHyper],
+        hypers: Sequence[Any],
         *,
         staging: Callable[[int], Tensor] | None,
         uploads: UploadBuffers | None,
@@ -256,7 +255,6 @@ class ShardUpdate:
         self.scratch = scratch
         self.workers = workers
         self.master = "master" in layout.fields
-        self.amsgrad = "max_exp_avg_sq" in layout.fields
         self.shards = layout.shards_of(active)
         self.upload_event: Any = None  # the CUDA event of the last shard's parameter uploads
         self.ready: Any = None  # a CUDA event: the gradients and parameters are final (set behind the loop)
@@ -316,23 +314,24 @@ class ShardUpdate:
         staged here, piece by piece. ``params_out``: CPU parameters then take
         their pieces of the updated master (while it is in the cache).
         """
-        buckets: dict[int, tuple[list[Tensor], ...]] = {}
+        algorithm = self.layout.algorithm
+        # One kernel call per param group (and whatever else the algorithm's kernel needs its pieces to share).
+        buckets: dict[Any, tuple[list[Tensor], list[Tensor], dict[str, list[Tensor]], list[Tensor]]] = {}
         outs: list[tuple[Tensor, Tensor]] = []
         for cut in self._cuts(work, staging, master, lo, hi):
             a, s0, s1 = cut.active, cut.s0, cut.s1
             if params_out and master is not None and not a.cuda:
                 outs.append((cut.param, cut.target))
-            bucket = buckets.setdefault(a.group, ([], [], [], [], [], []))
-            bucket[0].append(cut.target)
-            bucket[1].append(cut.grad)
-            bucket[2].append(moments["exp_avg"][s0 - lo : s1 - lo])
-            bucket[3].append(moments["exp_avg_sq"][s0 - lo : s1 - lo])
-            if "max_exp_avg_sq" in moments:
-                bucket[4].append(moments["max_exp_avg_sq"][s0 - lo : s1 - lo])
-            bucket[5].append(a.step)
-        for group, (ps, gs, ms, vs, maxs, steps) in buckets.items():
-            hyper = self.hypers[group]
-            adamw(ps, gs, ms, vs, maxs if hyper.amsgrad else [], steps, **hyper.kernel_kwargs())
+            targets, grads, fields, steps = buckets.setdefault(
+                (a.group, algorithm.bucket(float(a.step))), ([], [], {f: [] for f in moments}, [])
+            )
+            targets.append(cut.target)
+            grads.append(cut.grad)
+            for f, values in moments.items():
+                fields[f].append(values[s0 - lo : s1 - lo])
+            steps.append(a.step)
+        for (group, _), (targets, grads, fields, steps) in buckets.items():
+            algorithm.update(targets, grads, fields, steps, self.hypers[group])
         for param, value in outs:
             param.copy_(value)
 
@@ -350,7 +349,9 @@ class ShardUpdate:
         stored = {f: formats.split(fmt, layout.stored_field(extent, shard, f), shard.capacity) for f in fields}
         chunk = update_chunk_numel(layout.max_capacity)
         chunks = active_chunks(work, block=layout.param_align, chunk=chunk, capacity=shard.capacity)
-        fused = fused_update.kernel(fmt) if fused_update.applies(fmt) else None
+        # tierstore's compiled update implements the algorithms that say so (AdamW); others decode -> kernel -> encode.
+        compiled = layout.algorithm.compiled and fused_update.applies(fmt)
+        fused = fused_update.kernel(fmt) if compiled else None
         if fused is not None:
             by_field = [stored[f] for f in fields]
 

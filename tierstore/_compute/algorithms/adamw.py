@@ -40,9 +40,9 @@ class AdamW(Algorithm):
     front = "TieredAdamW"
     torch_class = "torch.optim.AdamW"
     fields = (
-        FieldSpec("exp_avg"),
+        FieldSpec("exp_avg", signed=True),
         FieldSpec("exp_avg_sq"),
-        FieldSpec("max_exp_avg_sq", option="amsgrad"),
+        FieldSpec("max_exp_avg_sq", option="amsgrad", enable="amsgrad=True"),
     )
     group_defaults = MappingProxyType(
         {
@@ -70,6 +70,16 @@ class AdamW(Algorithm):
                    weight_decay=values["weight_decay"])  # fmt: skip
         out.update(amsgrad=bool(values["amsgrad"]), maximize=bool(values["maximize"]), **self.group_defaults)
         return out
+
+    def restore_group(self, group: dict[str, Any]) -> None:
+        """``amsgrad``/``maximize`` default to off; every group is decoupled; ``betas`` become floats."""
+        group.setdefault("amsgrad", False)
+        group.setdefault("maximize", False)
+        super().restore_group(group)
+        # Note: as torch.optim.AdamW.__setstate__ does, a group loaded from any state (one saved by
+        # torch.optim.Adam included, which says False) is decoupled: this is AdamW's update.
+        group["decoupled_weight_decay"] = True
+        group["betas"] = tuple(float(b) for b in group["betas"])
 
     def snapshot(self, group: Mapping[str, Any], fields: Collection[str]) -> GroupHyper:
         """:meth:`GroupHyper.of`; amsgrad needs the state's ``max_exp_avg_sq``."""

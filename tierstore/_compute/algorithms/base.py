@@ -29,6 +29,8 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
+from ...errors import ConfigError
+
 
 @dataclass(frozen=True)
 class FieldSpec:
@@ -39,13 +41,24 @@ class FieldSpec:
     option that adds the field (``"amsgrad"``); ``None``: the state always
     holds it. ``init`` is its value before the first update: a number, or the
     name of the constructor argument that gives it. ``compressible``: a
-    compressed moment format (bfloat16, int8) may store it.
+    compressed moment format (bfloat16, int8) may store it; ``signed``: its
+    values may be negative (an int8 code table then spans both signs;
+    :data:`tierstore._compute.formats.SIGNED_FIELDS` lists such fields by name).
+    ``lazy``: torch creates it at a parameter's first step from that step's
+    values (SGD's ``momentum_buffer`` starts as the first gradient), so a
+    state dict lists it only once the parameter took a step; the update sees
+    which pieces take their first step (their step count is 1). ``enable`` is
+    the constructor argument that adds an optional field, as a message shows
+    it (``"amsgrad=True"``).
     """
 
     name: str
     option: str | None = None
     init: float | str = 0.0
     compressible: bool = True
+    signed: bool = False
+    lazy: bool = False
+    enable: str = ""
 
 
 class Algorithm:
@@ -105,6 +118,28 @@ class Algorithm:
         """Whether param group ``group`` uses ``option`` (so the state needs the field it adds)."""
         raise NotImplementedError
 
+    def required_fields(self) -> tuple[str, ...]:
+        """The fields a parameter's torch state must hold once it took a step (the ones always created)."""
+        return tuple(f.name for f in self.fields if f.option is None and not f.lazy)
+
+    def require_fields(self, groups: Iterable[Mapping[str, Any]], fields: Collection[str], source: str) -> None:
+        """Refuse groups that use an option whose field a state of ``fields`` lacks (amsgrad without ``max_exp_avg_sq``).
+
+        ``source`` says whose groups these are (``"loaded"``, ``"checkpoint x"``).
+
+        Raises
+        ------
+        ConfigError
+            Naming the group, the option and the constructor argument that adds the field.
+        """
+        for gi, group in enumerate(groups):
+            for spec in self.fields:
+                if spec.option is not None and spec.name not in fields and self.uses(group, spec.option):
+                    raise ConfigError(
+                        f"{source} parameter group {gi} uses {spec.option} but this optimizer was built without it; "
+                        f"build {self.front} with {spec.enable or spec.option}"
+                    )
+
     # -- hyperparameters ----------------------------------------------
     def check_group(self, group: Mapping[str, Any], where: str = "") -> None:
         """Refuse the hyperparameters ``torch_class`` refuses, in its order, with its messages plus the fix.
@@ -124,6 +159,21 @@ class Algorithm:
         The front's own group keys (:attr:`group_defaults`) are added.
         """
         raise NotImplementedError
+
+    def restore_group(self, group: dict[str, Any]) -> None:
+        """Complete a param group loaded from a state dict in place, as the torch class's ``__setstate__`` does.
+
+        The base adds :attr:`group_defaults` where absent.
+        """
+        for key, value in self.group_defaults.items():
+            group.setdefault(key, value)
+
+    def loaded_step(self, entry: Mapping[str, Any]) -> float | None:
+        """A parameter's step count from its entry in a loaded torch state dict (``None``: it took no step).
+
+        The base reads ``step``; an algorithm whose torch state keeps none says how else it is known.
+        """
+        return float(entry["step"]) if "step" in entry else None
 
     def advances(self, group: Mapping[str, Any]) -> bool:
         """Whether a step of ``group`` moves a parameter's step count (torch: every step)."""
