@@ -145,3 +145,40 @@ def test_a_bad_reference_is_refused_naming_the_checkpoint(saved, edit, error, ma
         load_trainer_snapshot(opt, ckpt)
     assert "checkpoint-2" in str(info.value)
     assert opt.step_count == 0  # nothing was loaded
+
+
+def test_an_arrays_metadata_replaced_is_refused(saved) -> None:
+    """The reference pins every zarr.json, not only the root's: an array's shape, type or codecs edited is caught."""
+    ckpt, _ = saved
+    arrays = sorted(p for p in (ckpt / SNAPSHOT_NAME).rglob("zarr.json") if p.parent != ckpt / SNAPSHOT_NAME)
+    assert arrays, "the snapshot has array metadata"
+    meta = json.loads(arrays[0].read_text())
+    meta.setdefault("attributes", {})["edited"] = True  # still valid zarr metadata, other bytes
+    arrays[0].write_text(json.dumps(meta))
+    with TieredAdamW(params(), lr=1e-2) as opt, pytest.raises(CorruptStateError, match="array metadata") as info:
+        load_trainer_snapshot(opt, ckpt)
+    assert "checkpoint-2" in str(info.value) and opt.step_count == 0
+
+
+def test_a_linked_array_metadata_is_not_followed(saved, tmp_path) -> None:
+    ckpt, _ = saved
+    target = next(p for p in (ckpt / SNAPSHOT_NAME).rglob("zarr.json") if p.parent != ckpt / SNAPSHOT_NAME)
+    shutil.copy(target, tmp_path / "elsewhere.json")
+    target.unlink()
+    target.symlink_to(tmp_path / "elsewhere.json")
+    with TieredAdamW(params(), lr=1e-2) as opt, pytest.raises(CorruptStateError, match="no readable zarr.json"):
+        load_trainer_snapshot(opt, ckpt)
+
+
+def test_a_version_1_reference_still_loads(saved) -> None:
+    """References written before metadata_sha256 (format version 1) load, checked by their root digest."""
+    ckpt, _ = saved
+    path = ckpt / REFERENCE_NAME
+    old = {k: v for k, v in json.loads(path.read_text()).items() if k != "metadata_sha256"}
+    path.write_text(json.dumps({**old, "format_version": 1}))
+    with TieredAdamW(params(), lr=1e-2, ram_budget=BUDGET, shard_numel=SHARD) as opt:
+        load_trainer_snapshot(opt, ckpt)
+        assert opt.step_count == 2
+    path.write_text(json.dumps({**old, "format_version": 2}))  # version 2 without it is damaged
+    with TieredAdamW(params(), lr=1e-2) as opt, pytest.raises(CorruptStateError, match="metadata_sha256"):
+        load_trainer_snapshot(opt, ckpt)

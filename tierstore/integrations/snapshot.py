@@ -16,9 +16,10 @@ that folder as two entries:
   in their stored format).
 - ``tierstore_optimizer.json``: the **reference**, written after the
   snapshot is complete and synced: the format, the step, the layout's
-  fingerprint, the snapshot's name and size, and the sha256 of the
-  snapshot's ``zarr.json`` (which holds every chunk's checksum), so a
-  reference matches exactly one snapshot.
+  fingerprint, the snapshot's name and size, the sha256 of the snapshot's
+  root ``zarr.json`` (which holds every chunk's checksum) and one sha256
+  over every ``zarr.json`` in it (each array's shape, type and codecs), so
+  a reference matches exactly one snapshot.
 
 Both live inside the checkpoint folder, so whatever deletes the folder
 (rotation by ``save_total_limit`` or top-k, ``rm -r``) frees the snapshot,
@@ -86,7 +87,8 @@ log = logging.getLogger(__name__)
 REFERENCE_NAME = "tierstore_optimizer.json"
 SNAPSHOT_NAME = "tierstore_optimizer.zarr"
 REFERENCE_FORMAT = "tierstore-trainer-optimizer"
-REFERENCE_VERSION = 1
+REFERENCE_VERSION = 2  # 2: metadata_sha256 (every zarr.json); 1 pinned the root zarr.json only
+METADATA_MAX_BYTES = 64 << 20  # one zarr.json holds at most a chunk checksum per chunk: far below this
 REFERENCE_MAX_BYTES = 1 << 20  # 1 MiB: a reference is a few hundred bytes; a bigger file is not one
 # Hidden leftovers of tierstore.checkpoint's atomic writes (".NAME.partial-XXXX", ".NAME.old-XXXX").
 LEFTOVER_PREFIXES = (f".{SNAPSHOT_NAME}.partial-", f".{SNAPSHOT_NAME}.old-")
@@ -113,7 +115,9 @@ class Finding:
 
 
 def tiered_optimizer(optimizer: Any) -> Any:
-    """The ``TieredAdamW`` inside ``optimizer`` (accelerate's and Lightning's wrappers unwrapped), or ``None``.
+    """The tiered optimizer (any front: ``TieredAdamW``, ``TieredSGD``, ...) inside ``optimizer``, or ``None``.
+
+    accelerate's and Lightning's wrappers are unwrapped.
 
     Example
     -------
@@ -122,16 +126,16 @@ def tiered_optimizer(optimizer: Any) -> Any:
     True
     """
     # The front, imported on use so that importing this module stays light.
-    from ..optimizer import TieredAdamW
+    from ..tiered_optimizer import TieredOptimizer
 
     seen = 0
     while optimizer is not None and seen < 8:
         # Lightning's LightningOptimizer derives from the optimizer's class and copies its __dict__:
         # it passes isinstance, so the optimizer it wraps (._optimizer) is taken first.
         inner = getattr(optimizer, "_optimizer", None)
-        if isinstance(inner, TieredAdamW):
+        if isinstance(inner, TieredOptimizer):
             return inner
-        if isinstance(optimizer, TieredAdamW):
+        if isinstance(optimizer, TieredOptimizer):
             return optimizer
         optimizer = getattr(optimizer, "optimizer", None)  # AcceleratedOptimizer(.optimizer) and the like
         seen += 1
@@ -140,8 +144,30 @@ def tiered_optimizer(optimizer: Any) -> Any:
 
 def _zarr_json_digest(snapshot: Path) -> str:
     # zarr.json holds the layout, steps and every chunk's checksum: its digest pins the whole snapshot.
-    with open(snapshot / "zarr.json", "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    fd = os.open(snapshot / "zarr.json", os.O_RDONLY | os.O_NOFOLLOW)  # a link inside a snapshot is not followed
+    with os.fdopen(fd, "rb") as f:
+        return hashlib.sha256(f.read(METADATA_MAX_BYTES + 1)).hexdigest()
+
+
+def _metadata_digest(snapshot: Path) -> str:
+    """One sha256 over every ``zarr.json`` under ``snapshot`` (its path and its bytes), links not followed.
+
+    The root's pins the chunks' checksums; each array's pins its shape, data type and codecs.
+    """
+    digest = hashlib.sha256()
+    found = []
+    for root, dirs, files in os.walk(snapshot):  # os.walk does not descend into links to folders
+        dirs.sort()
+        found += [os.path.join(root, n) for n in sorted(files) if n == "zarr.json"]
+    for path in found:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(METADATA_MAX_BYTES + 1)
+        if len(data) > METADATA_MAX_BYTES:
+            raise CorruptStateError(f"{path} is larger than {METADATA_MAX_BYTES} bytes: not a snapshot's zarr.json")
+        name = os.path.relpath(path, snapshot).encode()
+        digest.update(len(name).to_bytes(8, "little") + name + hashlib.sha256(data).digest())
+    return digest.hexdigest()
 
 
 def snapshot_nbytes(path: str | os.PathLike) -> int:
@@ -206,6 +232,7 @@ def save_trainer_snapshot(
         "state_bytes": int(opt.layout.state_nbytes),
         "snapshot_bytes": snapshot_nbytes(snapshot),
         "zarr_json_sha256": _zarr_json_digest(snapshot),
+        "metadata_sha256": _metadata_digest(snapshot),
     }
     if owner is not None:
         reference["owner"] = owner
@@ -257,6 +284,8 @@ def read_reference(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
         for key, kind in (("snapshot", str), ("step_count", int), ("fingerprint", str), ("zarr_json_sha256", str)):
             if not isinstance(data.get(key), kind):
                 raise ValueError(f"{key} is {data.get(key)!r}")
+        if version >= 2 and not isinstance(data.get("metadata_sha256"), str):
+            raise ValueError(f"metadata_sha256 is {data.get('metadata_sha256')!r}")
         if data["snapshot"] != SNAPSHOT_NAME:
             raise ValueError(f"snapshot names {data['snapshot']!r}, not {SNAPSHOT_NAME!r}")
         owner = data.get("owner")
@@ -284,6 +313,7 @@ def _checked_snapshot(folder: Path) -> tuple[dict[str, Any], Path]:
         )
     try:
         digest = _zarr_json_digest(snapshot)
+        metadata = _metadata_digest(snapshot) if "metadata_sha256" in reference else None
     except OSError as exc:
         raise CorruptStateError(
             f"checkpoint {str(folder)!r}: its optimizer snapshot has no readable zarr.json ({exc.strerror}); "
@@ -293,6 +323,11 @@ def _checked_snapshot(folder: Path) -> tuple[dict[str, Any], Path]:
         raise CorruptStateError(
             f"checkpoint {str(folder)!r}: its optimizer snapshot is not the one {REFERENCE_NAME} names "
             "(zarr.json's sha256 differs: replaced or damaged); resume from another checkpoint"
+        )
+    if metadata is not None and metadata != reference["metadata_sha256"]:
+        raise CorruptStateError(
+            f"checkpoint {str(folder)!r}: its optimizer snapshot's array metadata is not what {REFERENCE_NAME} "
+            "names (an array's zarr.json was replaced or damaged); resume from another checkpoint"
         )
     return reference, snapshot
 
