@@ -236,3 +236,12 @@ def test_snapshot_save_and_resume_stay_within_the_budget_in_a_child(tmp_path: Pa
     assert result["state"] > 10 * budget
     over = {name: peak for name, peak in result["phases"].items() if peak > budget + OVERHEAD_BYTES}
     assert not over, f"peak RSS growth above {budget + OVERHEAD_BYTES} bytes: {over} (all: {result['phases']})"
+
+
+def test_a_fresh_run_on_a_committed_state_dir_is_refused(tmp_path: Path) -> None:
+    """resume="auto" opened step 5 of the state directory, but the Trainer starts at step 0: refused, not mixed."""
+    from tierstore.errors import ConfigError
+
+    run(tmp_path / "first", state_dir=tmp_path / "s", stop=5)  # the state directory committed step 5
+    with pytest.raises(ConfigError, match=r"resumed step 5 from state_dir=.*starts at step 0.*resume_from_checkpoint"):
+        run(tmp_path / "again", state_dir=tmp_path / "s")  # no resume_from_checkpoint

@@ -263,3 +263,16 @@ def test_save_and_resume_stay_within_the_budget_in_a_child(tmp_path: Path) -> No
     assert {"save", "whole save", "load"} <= set(phases), phases
     over = {name: peak for name, peak in phases.items() if peak > budget + OVERHEAD_BYTES}
     assert not over, f"peak RSS growth above {budget + OVERHEAD_BYTES} bytes: {over} (all: {phases})"
+
+
+def test_a_fresh_fit_on_a_committed_state_dir_is_refused(tmp_path: Path) -> None:
+    """resume="auto" opened the state directory's last commit, but fit starts at step 0: refused, not mixed."""
+    from tierstore.errors import ConfigError
+
+    first = Regressor(state_dir=tmp_path / "s")
+    fit(first, tmp_path / "r1", epochs=1, callbacks=[TieredCheckpoints()])
+    again = Regressor(state_dir=tmp_path / "s")
+    with pytest.raises(ConfigError, match=r"resumed step \d+ from state_dir=.*starts at step 0.*ckpt_path"):
+        fit(again, tmp_path / "r2", epochs=1, callbacks=[TieredCheckpoints()])
+    assert again.opt.step_count == first.opt.step_count > 0  # nothing trained on
+    again.opt.close()

@@ -48,12 +48,13 @@ from ..errors import CorruptStateError
 from .snapshot import (
     has_trainer_snapshot,
     load_trainer_snapshot,
+    refuse_stale_start,
     save_trainer_snapshot,
     tiered_optimizer,
 )
 from .torch_file import TORCH_OPTIMIZER_NAMES, load_torch_optimizer_file
 
-__all__ = ["TieredTrainer", "CloseTieredOptimizer", "tiered_optimizer", "param_groups"]
+__all__ = ["TieredTrainer", "CloseTieredOptimizer", "CheckTieredResume", "tiered_optimizer", "param_groups"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,17 @@ class CloseTieredOptimizer(TrainerCallback):
             opt.close()
 
 
+class CheckTieredResume(TrainerCallback):
+    """Refuse a fresh ``Trainer`` run whose optimizer resumed a committed state (``on_train_begin``).
+
+    :class:`TieredTrainer` adds it (:func:`refuse_stale_start` says why).
+    """
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
+        refuse_stale_start(tiered_optimizer(optimizer), int(state.global_step),
+                           "Pass trainer.train(resume_from_checkpoint=...) the checkpoint of that step (or True)")  # fmt: skip
+
+
 class TieredTrainer(transformers.Trainer):
     """``transformers.Trainer`` whose checkpoints hold a ``TieredAdamW`` by snapshot, never through RAM.
 
@@ -112,6 +124,8 @@ class TieredTrainer(transformers.Trainer):
       ``optimizer.pt`` from ``torch.optim.AdamW``; a checkpoint with neither
       (``save_only_model=True``, or copied without its optimizer files) is
       refused, never resumed with fresh moments;
+    - a run that starts at step 0 while its optimizer resumed a committed
+      state directory (``resume="auto"``) is refused, naming the fix;
     - the optimizer is closed at the end of training.
 
     Example
@@ -123,6 +137,7 @@ class TieredTrainer(transformers.Trainer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.add_callback(CheckTieredResume())
         self.add_callback(CloseTieredOptimizer())
 
     def create_accelerator_and_postprocess(self) -> None:

@@ -56,6 +56,7 @@ from ..errors import ConfigError, CorruptStateError
 from .snapshot import (
     has_trainer_snapshot,
     load_trainer_snapshot,
+    refuse_stale_start,
     save_trainer_snapshot,
     tiered_optimizer,
 )
@@ -254,6 +255,13 @@ class TieredCheckpoints(pl.Callback):
         strategy.optimizer_state = optimizer_state
         strategy.load_optimizer_state_dict = load_optimizer_state_dict
         strategy._tierstore_wired = True
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A fit that starts at step 0 with an optimizer that resumed a committed state (resume="auto")
+        # would train the model on from moments of another step: refused (see refuse_stale_start).
+        for optimizer in trainer.optimizers:
+            refuse_stale_start(tiered_optimizer(optimizer), int(trainer.global_step),
+                               "Pass trainer.fit(..., ckpt_path=...) the checkpoint of that step (or 'last')")  # fmt: skip
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit" or not self.close_at_end:

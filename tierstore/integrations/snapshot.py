@@ -80,6 +80,7 @@ __all__ = [
     "snapshot_nbytes",
     "check_trainer_checkpoints",
     "tiered_optimizer",
+    "refuse_stale_start",
 ]
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,30 @@ def tiered_optimizer(optimizer: Any) -> Any:
         optimizer = getattr(optimizer, "optimizer", None)  # AcceleratedOptimizer(.optimizer) and the like
         seen += 1
     return None
+
+
+def refuse_stale_start(opt: Any, trainer_step: int, fix: str) -> None:
+    """Refuse a trainer that starts at step 0 with an optimizer that resumed a committed state.
+
+    ``resume="auto"`` (or ``True``) continues a state directory's last commit: its moments belong to
+    step ``opt.step_count``, while a trainer that starts fresh resets the model's schedule to step 0.
+    Training on would mix the two silently. ``fix`` says how this trainer resumes from a checkpoint.
+
+    Example
+    -------
+    >>> refuse_stale_start(None, 0, "Pass the checkpoint")  # no tiered optimizer: nothing to check
+
+    Raises
+    ------
+    ConfigError
+        Naming the state directory, the step it holds, and the ways out.
+    """
+    if trainer_step == 0 and opt is not None and opt.step_count > 0:
+        raise ConfigError(
+            f"the optimizer resumed step {opt.step_count} from state_dir={opt.state_dir!r}, but the trainer starts "
+            f"at step 0: its moments would not match the model, the data order or the LR schedule. {fix}, or build "
+            "the optimizer with resume=False and a fresh (or emptied) state_dir to start over"
+        )
 
 
 def _zarr_json_digest(snapshot: Path) -> str:
