@@ -1,0 +1,11 @@
+"""The tiered fronts of torch's elementwise optimizers besides AdamW, one module each.
+
+Each front is a :class:`~tierstore.tiered_optimizer.TieredOptimizer` subclass
+with its torch class's constructor and one registered algorithm
+(:mod:`tierstore._compute.algorithms`); ``TieredAdamW`` lives in
+:mod:`tierstore.optimizer`. ``tierstore`` exports every front.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []
