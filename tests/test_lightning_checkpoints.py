@@ -276,3 +276,83 @@ def test_a_fresh_fit_on_a_committed_state_dir_is_refused(tmp_path: Path) -> None
         fit(again, tmp_path / "r2", epochs=1, callbacks=[TieredCheckpoints()])
     assert again.opt.step_count == first.opt.step_count > 0  # nothing trained on
     again.opt.close()
+
+
+@pytest.mark.parametrize("crash", ["before the file", "after the file", "mid-settle"])
+def test_a_checkpoint_saved_again_under_its_name_survives_a_crash_at_each_point(tmp_path: Path, monkeypatch, crash) -> None:
+    """last.ckpt saved at step 1, then again at step 3 with a crash at each point of the second save: the file on
+    disk always loads the snapshot of its own step (found by its digest), never the other save's."""
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    from tierstore.integrations import lightning as tl
+
+    ws = [torch.nn.Parameter(torch.randn(4096)) for _ in range(4)]
+    path = tmp_path / "last.ckpt"
+    io = tl.SnapshotCheckpointIO(TorchCheckpointIO())
+
+    def train_and_save(opt, steps):
+        for _ in range(steps):
+            for w in ws:
+                w.grad = torch.ones_like(w)
+            opt.step()
+        io.save_checkpoint({"optimizer_states": [tl._Pending(opt, 0)], "global_step": opt.step_count}, path)
+
+    class Crash(Exception):
+        pass
+
+    def crashing(*_a, **_k):
+        raise Crash
+
+    with TieredAdamW(ws, lr=0.1, ram_budget=BUDGET, shard_numel=1024) as opt:
+        train_and_save(opt, 1)
+        if crash == "before the file":
+            monkeypatch.setattr(tl, "write_output_file", crashing)
+        elif crash == "after the file":
+            monkeypatch.setattr(tl, "_settle", crashing)
+        else:
+            real_rename = os.rename
+
+            def rename(src, dst):  # the old snapshot is gone, the new one keeps its spare name
+                if str(src).endswith(tl.SPARE_SUFFIX):
+                    raise Crash
+                real_rename(src, dst)
+
+            monkeypatch.setattr(tl.os, "rename", rename)
+        with pytest.raises(Crash):
+            train_and_save(opt, 2)
+        monkeypatch.undo()
+    expected = 1 if crash == "before the file" else 3
+    [state] = io.load_checkpoint(path)["optimizer_states"]
+    assert state[REFERENCE_KEY]["step_count"] == expected
+    with TieredAdamW([torch.nn.Parameter(torch.zeros(4096)) for _ in range(4)], lr=0.1) as fresh:
+        tl._load_reference(fresh, state[REFERENCE_KEY])
+        assert fresh.step_count == expected
+
+    # The next save completes and leaves one snapshot folder, under its final name.
+    with TieredAdamW(ws, lr=0.1, ram_budget=BUDGET, shard_numel=1024) as opt:
+        train_and_save(opt, 1)
+    assert sorted(os.listdir(tmp_path)) == ["last.ckpt", "last.ckpt.tierstore"]
+    assert check_trainer_checkpoints(tmp_path) == []
+
+
+def test_a_snapshot_that_is_not_the_files_own_is_refused(tmp_path: Path) -> None:
+    """Two checkpoints' snapshots swapped by hand: the digest the .ckpt pins names the mix-up."""
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    from tierstore.integrations import lightning as tl
+
+    ws = [torch.nn.Parameter(torch.randn(4096)) for _ in range(2)]
+    io = tl.SnapshotCheckpointIO(TorchCheckpointIO())
+    with TieredAdamW(ws, lr=0.1) as opt:
+        for name in ("a.ckpt", "b.ckpt"):
+            for w in ws:
+                w.grad = torch.ones_like(w)
+            opt.step()
+            io.save_checkpoint({"optimizer_states": [tl._Pending(opt, 0)]}, tmp_path / name)
+    os.rename(tmp_path / "a.ckpt.tierstore", tmp_path / "x")
+    os.rename(tmp_path / "b.ckpt.tierstore", tmp_path / "a.ckpt.tierstore")
+    [state] = io.load_checkpoint(tmp_path / "a.ckpt")["optimizer_states"]
+    with TieredAdamW([torch.nn.Parameter(torch.zeros(4096)) for _ in range(2)], lr=0.1) as fresh, pytest.raises(
+        CorruptStateError, match=r"a\.ckpt.*not the one this checkpoint saved"
+    ):
+        tl._load_reference(fresh, state[REFERENCE_KEY])

@@ -16,7 +16,11 @@ beside the ``.ckpt`` file instead:
   copy streamed through the optimizer's arena, within ``ram_budget``, a
   checksum per chunk). Disk: the state's bytes once per checkpoint.
 
-Removing a checkpoint through Lightning (top-k rotation) removes its
+A checkpoint saved again under its name (``last.ckpt``) writes its new
+snapshot into ``last.ckpt.tierstore.next`` first and renames it only once the
+new file is written; the file pins its snapshot's digest, so after a crash at
+any instant the file on disk loads the snapshot of its own step, never the
+other save's. Removing a checkpoint through Lightning (top-k rotation) removes its
 snapshot; ``trainer.fit(ckpt_path=...)`` loads it back shard by shard
 (checked: a missing or damaged snapshot is a ``CorruptStateError`` naming the
 checkpoint, never a fresh start). A ``.ckpt`` deleted by hand leaves its
@@ -51,11 +55,15 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from .._layout.torch_format import REFERENCE_KEY as _REFERENCE_KEY
+from .._state.statedir import fsync_dir
 from ..checkpoint import write_output_file
-from ..errors import ConfigError, CorruptStateError
+from ..errors import ConfigError, CorruptStateError, TierstoreError
 from .snapshot import (
+    DIGEST_KEYS,
     has_trainer_snapshot,
     load_trainer_snapshot,
+    read_reference,
+    read_reference_digest,
     refuse_stale_start,
     save_trainer_snapshot,
     tiered_optimizer,
@@ -112,9 +120,11 @@ class SnapshotCheckpointIO(CheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         states = checkpoint.get("optimizer_states")
+        written: list[tuple[Path, Path]] = []  # (folder written, its final name) of each snapshot
         if isinstance(states, list) and any(isinstance(s, _Pending) for s in states):
             checkpoint = dict(checkpoint)
-            checkpoint["optimizer_states"] = [self._write_snapshot(s, path) if isinstance(s, _Pending) else s for s in states]
+            checkpoint["optimizer_states"] = [self._write_snapshot(s, path, written) if isinstance(s, _Pending) else s
+                                              for s in states]  # fmt: skip
         if _streams_to_file(self.inner, path, storage_options):
             # Lightning's TorchCheckpointIO serialises the whole checkpoint into a BytesIO first (then a
             # second copy with getvalue()): RAM for every weight of the model at each save. The same
@@ -122,15 +132,23 @@ class SnapshotCheckpointIO(CheckpointIO):
             # over it (atomic, as Lightning's save is).
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             write_output_file(path, lambda f: torch.save(checkpoint, f), overwrite=True)
-            return
-        self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        else:
+            self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        # The new file names its new snapshots: only now may the snapshots it replaced go.
+        for folder, final in written:
+            _settle(folder, final)
 
     @staticmethod
-    def _write_snapshot(pending: _Pending, path: Any) -> dict[str, Any]:
-        folder = snapshot_folder(path, pending.index)
-        save_trainer_snapshot(pending.optimizer, folder, owner=Path(path).name)
+    def _write_snapshot(pending: _Pending, path: Any, written: list[tuple[Path, Path]]) -> dict[str, Any]:
+        final = snapshot_folder(path, pending.index)
+        # A checkpoint saved again under its name (last.ckpt) keeps its old snapshot until the new file is
+        # written: the new snapshot goes beside it, so a crash at any instant leaves the old file with the old
+        # snapshot or the new file with the new one (it names the folder and pins its digest).
+        folder = final if not os.path.lexists(final) else _spare(final)
+        reference = read_reference_digest(save_trainer_snapshot(pending.optimizer, folder, owner=Path(path).name))
+        written.append((folder, final))
         # Plain values only: Lightning loads checkpoints with weights_only where it can.
-        return {REFERENCE_KEY: {"folder": folder.name, "step_count": int(pending.optimizer.step_count)}}
+        return {REFERENCE_KEY: {"folder": folder.name, "step_count": int(pending.optimizer.step_count), **reference}}
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
         checkpoint = self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
@@ -146,12 +164,40 @@ class SnapshotCheckpointIO(CheckpointIO):
         self.inner.remove_checkpoint(path)
         index = 0
         # A link (last.ckpt) has no snapshot of its own: only folders named after this path go.
-        while os.path.isdir(folder := snapshot_folder(path, index)) and not os.path.islink(folder):
-            shutil.rmtree(folder)
+        while True:
+            folders = [f for f in (snapshot_folder(path, index), _spare(snapshot_folder(path, index)))
+                       if os.path.isdir(f) and not os.path.islink(f)]  # fmt: skip
+            if not folders:
+                break
+            for folder in folders:
+                shutil.rmtree(folder)
             index += 1
 
     def teardown(self) -> None:
         self.inner.teardown()
+
+
+#: Where a checkpoint saved again under its own name writes its new snapshot until the file names it.
+SPARE_SUFFIX = ".next"
+
+
+def _spare(final: Path) -> Path:
+    """The folder beside ``final`` that a second save under the same name writes into first."""
+    return final.with_name(final.name + SPARE_SUFFIX)
+
+
+def _settle(folder: Path, final: Path) -> None:
+    """Once the checkpoint file names ``folder``: drop the snapshot it replaced and give ``folder`` its final name.
+
+    A crash between the two steps is safe: the file's reference finds its snapshot under either name by its
+    digest (:func:`_load_reference`).
+    """
+    other = _spare(final) if folder == final else final
+    if os.path.isdir(other) and not os.path.islink(other):
+        shutil.rmtree(other)
+    if folder != final:
+        os.rename(folder, final)
+        fsync_dir(final.parent)
 
 
 def _streams_to_file(inner: CheckpointIO, path: Any, storage_options: Any) -> bool:
@@ -174,19 +220,43 @@ def _reference_of(state: Any) -> dict[str, Any] | None:
 
 
 def _load_reference(optimizer: Any, reference: dict[str, Any]) -> None:
-    """Load the snapshot a checkpoint's reference names into the ``TieredAdamW`` ``optimizer``."""
+    """Load the snapshot a checkpoint's reference names into the tiered ``optimizer``."""
     name, home, ckpt = reference.get("folder"), reference.get("home"), reference.get("checkpoint", "?")
     if not isinstance(name, str) or "/" in name or name in ("", ".", "..") or not isinstance(home, str):
         raise CorruptStateError(
             f"checkpoint {ckpt!r}: its optimizer reference is damaged ({reference!r}); resume from another checkpoint"
         )
-    folder = Path(home) / name
+    named = Path(home) / name
+    digest = {k: reference[k] for k in DIGEST_KEYS if k in reference}
+    if not digest:  # a reference from before digests were pinned: the named folder, as it is
+        folder = named
+    else:
+        # The file pins its snapshot's digest; the snapshot may sit under its spare name or its final one
+        # (a save crashed between writing the file and renaming the folder: SnapshotCheckpointIO).
+        final = named.with_name(name.removesuffix(SPARE_SUFFIX))
+        found = [f for f in (named, final, _spare(final)) if has_trainer_snapshot(f)]
+        folder = next((f for f in found if _digest_matches(f, digest)), None)
+        if folder is None and found:
+            raise CorruptStateError(
+                f"checkpoint {ckpt!r}: the optimizer snapshot beside it ({found[0]}) is not the one this checkpoint "
+                "saved (its digest differs: a later save under the same name, or a copy mixed from two "
+                "checkpoints); resume from another checkpoint"
+            )
+        folder = folder or named
     if not has_trainer_snapshot(folder):
         raise CorruptStateError(
             f"checkpoint {ckpt!r} keeps its optimizer in {str(folder)!r}, which is missing or holds no snapshot: "
             f"copy the .ckpt file together with its {name}/ folder, or resume from another checkpoint"
         )
     load_trainer_snapshot(optimizer, folder)
+
+
+def _digest_matches(folder: Path, digest: Mapping[str, Any]) -> bool:
+    try:
+        reference = read_reference(folder)
+    except TierstoreError:
+        return False
+    return all(reference.get(k) == v for k, v in digest.items())
 
 
 class TieredCheckpoints(pl.Callback):

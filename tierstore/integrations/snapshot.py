@@ -81,6 +81,8 @@ __all__ = [
     "check_trainer_checkpoints",
     "tiered_optimizer",
     "refuse_stale_start",
+    "DIGEST_KEYS",
+    "read_reference_digest",
 ]
 
 log = logging.getLogger(__name__)
@@ -265,6 +267,15 @@ def save_trainer_snapshot(
     atomic_write(path, json.dumps(reference, indent=1).encode())
     log.info("saved the optimizer snapshot of step %d into %s", reference["step_count"], folder)
     return path
+
+
+#: The reference fields that pin one snapshot (a file that names a snapshot keeps them to find it again).
+DIGEST_KEYS = ("zarr_json_sha256", "metadata_sha256")
+
+
+def read_reference_digest(reference_path: str | os.PathLike) -> dict[str, str]:
+    """The digest fields (:data:`DIGEST_KEYS`) of the reference file ``reference_path``, as just written."""
+    return {k: v for k, v in read_reference(Path(reference_path).parent).items() if k in DIGEST_KEYS}
 
 
 def has_trainer_snapshot(checkpoint_dir: str | os.PathLike) -> bool:
