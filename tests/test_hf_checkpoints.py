@@ -245,3 +245,18 @@ def test_a_fresh_run_on_a_committed_state_dir_is_refused(tmp_path: Path) -> None
     run(tmp_path / "first", state_dir=tmp_path / "s", stop=5)  # the state directory committed step 5
     with pytest.raises(ConfigError, match=r"resumed step 5 from state_dir=.*starts at step 0.*resume_from_checkpoint"):
         run(tmp_path / "again", state_dir=tmp_path / "s")  # no resume_from_checkpoint
+
+
+def test_a_checkpoint_without_its_scheduler_is_refused_before_the_optimizer_is_touched(tmp_path: Path) -> None:
+    run(tmp_path / "a", state_dir=tmp_path / "s1", max_steps=2)
+    ckpt = tmp_path / "a" / "checkpoint-2"
+    os.unlink(ckpt / "scheduler.pt")
+    model = tiny_llama()
+    opt = TieredAdamW(model.parameters(), lr=1e-2, ram_budget=BUDGET, shard_numel=SHARD)
+    trainer = hf.TieredTrainer(model=model, args=transformers.TrainingArguments(output_dir=str(tmp_path / "b"),
+                               report_to=[], use_cpu=True), optimizers=(opt, None))  # fmt: skip
+    trainer.create_optimizer_and_scheduler(num_training_steps=4)
+    with pytest.raises(CorruptStateError, match=r"checkpoint-2.*no scheduler\.pt"):
+        trainer._load_optimizer_and_scheduler(str(ckpt))
+    assert opt.step_count == 0  # the snapshot (step 2) was not loaded
+    opt.close()

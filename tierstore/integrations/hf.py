@@ -177,18 +177,16 @@ class TieredTrainer(transformers.Trainer):
         opt = self._tiered()
         if checkpoint is None or opt is None:
             return super()._load_optimizer_and_scheduler(checkpoint)
-        if has_trainer_snapshot(checkpoint):
-            load_trainer_snapshot(opt, checkpoint)
-        else:
-            torch_file = next((os.path.join(checkpoint, n) for n in TORCH_OPTIMIZER_NAMES
-                               if os.path.isfile(os.path.join(checkpoint, n))), None)  # fmt: skip
-            if torch_file is None:
-                raise CorruptStateError(
-                    f"checkpoint {checkpoint!r} holds no optimizer state (no tierstore_optimizer.json, no "
-                    "optimizer.pt): it was saved with save_only_model=True, or copied without its optimizer "
-                    "files. Resume from a checkpoint saved with save_only_model=False, or copy the folder whole"
-                )
-            load_torch_optimizer_file(opt, torch_file)
+        snapshot = has_trainer_snapshot(checkpoint)
+        torch_file = None if snapshot else next((os.path.join(checkpoint, n) for n in TORCH_OPTIMIZER_NAMES
+                                                 if os.path.isfile(os.path.join(checkpoint, n))), None)  # fmt: skip
+        if not snapshot and torch_file is None:
+            raise CorruptStateError(
+                f"checkpoint {checkpoint!r} holds no optimizer state (no tierstore_optimizer.json, no "
+                "optimizer.pt): it was saved with save_only_model=True, or copied without its optimizer "
+                "files. Resume from a checkpoint saved with save_only_model=False, or copy the folder whole"
+            )
+        # The scheduler is read before the optimizer is loaded: a refused resume leaves the optimizer as it was.
         scheduler = os.path.join(checkpoint, SCHEDULER_NAME)
         if not os.path.isfile(scheduler):
             raise CorruptStateError(f"checkpoint {checkpoint!r} has its optimizer state but no {SCHEDULER_NAME}: "
@@ -201,6 +199,10 @@ class TieredTrainer(transformers.Trainer):
                 f"checkpoint {checkpoint!r}: {SCHEDULER_NAME} holds more than tensors and plain values, so it is not "
                 "loaded (it could run code); resume from a checkpoint saved by Trainer, or delete the file"
             ) from exc
+        if snapshot:
+            load_trainer_snapshot(opt, checkpoint)
+        else:
+            load_torch_optimizer_file(opt, torch_file)
         self.lr_scheduler.load_state_dict(saved)
         reissue_pt_warnings(caught)
         return None
