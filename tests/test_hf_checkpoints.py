@@ -105,7 +105,7 @@ def test_trainer_checkpoints_by_snapshot_rotate_and_resume_bitwise(tmp_path: Pat
     straight, trainer = run(tmp_path / "straight", state_dir=tmp_path / "s1", save_total_limit=2)
     opt = hf.tiered_optimizer(trainer.optimizer)
     assert opt.layout.state_nbytes > 4 * BUDGET
-    with pytest.raises(ClosedError):  # closed by on_train_end
+    with pytest.raises(ClosedError, match="CloseTieredOptimizer closed it"):  # closed by on_train_end
         opt.check_usable()
     names = sorted(os.listdir(tmp_path / "straight"))
     assert names == ["checkpoint-4", "checkpoint-6"]  # rotation deleted checkpoint-2, snapshot and all

@@ -117,7 +117,7 @@ def test_checkpoints_by_snapshot_rotate_and_resume_after_a_kill_bitwise(tmp_path
     straight = Regressor(state_dir=tmp_path / "s1")
     fit(straight, tmp_path / "r1", callbacks=[TieredCheckpoints(), checkpoints(tmp_path / "c1", save_top_k=2,
                                                                                every_n_train_steps=2, save_last=True)])  # fmt: skip
-    with pytest.raises(ClosedError):  # closed when fit ended
+    with pytest.raises(ClosedError, match=r"TieredCheckpoints closed it.*close_at_end=False"):  # closed when fit ended
         straight.opt.check_usable()
     names = sorted(os.listdir(tmp_path / "c1"))
     ckpts = [n for n in names if n.endswith(".ckpt")]

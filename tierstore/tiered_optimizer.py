@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from ._compute.algorithms import Algorithm
+from ._compute.algorithms.in_use import using
 from ._compute.formats import moment_format
 from ._config.knobs import Knobs, check_int
 from ._layout.budget import TierPlan
@@ -48,6 +49,7 @@ from ._layout.torch_format import (
     load_extra_state,
     own_state_keys,
     packed_groups,
+    param_scalars,
     param_steps,
     require_state_dict,
 )
@@ -123,20 +125,29 @@ class TieredOptimizer(torch.optim.Optimizer):
             check_int("shard_numel", shard_numel, 1)
         self._format = layout_format(moment_format(moment_dtype))  # None is an error here, not the default
         Journal.check_arguments(state_dir, durable=durable, resume=resume)
+        if state_dir is not None:
+            self._refuse_unrecorded_scalars("a state_dir")
         policy = CommitPolicy.parse(commit_every)
         self._building = True
         super().__init__(params, algorithm.defaults(hyper))
         self._building = False
+        # Each field's value before a parameter's first step (Adagrad's sum: initial_accumulator_value),
+        # from the constructor's hyperparameters, as torch reads it.
+        self._init_values = algorithm.initial_values(self.defaults)
         for gi, group in enumerate(self.param_groups):
             algorithm.check_group(group, f" in param group {gi}")
         self._params: list[Tensor] = [p for g in self.param_groups for p in g["params"]]
         check_param_kinds(self._params)
-        journal = Journal.open(state_dir, resume=resume, resume_step=resume_step, durable=durable, policy=policy)
         # What a rebuild (add_param_group) lays out again: the choices of this constructor.
         self._build_args = dict(shard_numel=shard_numel, keep_master=keep_master, durable=durable, policy=policy)
-        started = start(journal, self.param_groups, self._params, self.state, knobs=self._knobs, ram_budget=self._budget,
-                        shard_numel=shard_numel, keep_master=keep_master, restore_params=restore_params,
-                        moment_dtype=self._format, algorithm=algorithm)  # fmt: skip
+        # A state directory's layout names its algorithm: this one resolves even when it is not registered
+        # (the generic adapter's), and only because this optimizer runs it.
+        with using(algorithm):
+            journal = Journal.open(state_dir, resume=resume, resume_step=resume_step, durable=durable, policy=policy)
+            started = start(journal, self.param_groups, self._params, self.state, knobs=self._knobs,
+                            ram_budget=self._budget, shard_numel=shard_numel, keep_master=keep_master,
+                            restore_params=restore_params, moment_dtype=self._format, algorithm=algorithm,
+                            init=self._init_values)  # fmt: skip
         self._spec, self._layout, self._plan, self._rt = started.spec, started.layout, started.plan, started.runtime
         # Every copy of this object shares the runtime and this token; when the last
         # one is gone, the runtime closes (instead of a __del__ that a copy would run).
@@ -223,7 +234,7 @@ class TieredOptimizer(torch.optim.Optimizer):
         # does not fit) leaves the optimizer as it was.
         started = start(journal, self.param_groups, params, self.state, knobs=self._knobs, ram_budget=self._budget,
                         shard_numel=args["shard_numel"], keep_master=args["keep_master"], restore_params=False,
-                        moment_dtype=self._format, algorithm=self.algorithm)  # fmt: skip
+                        moment_dtype=self._format, algorithm=self.algorithm, init=self._init_values)  # fmt: skip
         self._spec, self._layout, self._plan, self._rt = started.spec, started.layout, started.plan, started.runtime
         self._params = params
         try:
@@ -265,10 +276,11 @@ class TieredOptimizer(torch.optim.Optimizer):
             offload.consume()  # GradScaler skips this step: the gradients are spent
             return loss
         grads = offload.grads() if offload is not None else None
-        active = gather(self._params, self._layout, self.state, grads=grads)
+        advancing = [self.algorithm.advances(g) for g in self.param_groups]
+        active = gather(self._params, self._layout, self.state, grads=grads, advancing=advancing)
         if offload is not None:
             offload.consume()
-        hypers = [self.algorithm.snapshot(g, self._layout.fields) for g in self.param_groups]
+        hypers = [self._snapshot(g) for g in self.param_groups]
         update = rt.new_update(self._layout, self._spec, active, hypers, knobs=self._knobs)
         # The step counts move only when the step succeeds (the runtime publishes them); the
         # commit records them as they will be, with the hyperparameters as of now. Note: torch
@@ -416,7 +428,8 @@ class TieredOptimizer(torch.optim.Optimizer):
             pre_hook(self)
         layout = self._layout
         groups, keys = packed_groups(self.param_groups, self._params)  # as torch numbers them
-        result, flats = empty_state_dict(layout, self.param_steps(), groups, keys=keys)
+        scalars = param_scalars(self.state, self._params, self.algorithm.scalar_inits)
+        result, flats = empty_state_dict(layout, param_steps(self.state, self._params), groups, keys=keys, scalars=scalars)
         if flats:
             self.visit_shards(lambda shard, flat: layout.copy_out(shard, flat, flats), layout.shards_of(flats))
         for i, key in keys.items():
@@ -464,12 +477,14 @@ class TieredOptimizer(torch.optim.Optimizer):
         # Note: torch state dicts carry no global step count; the most advanced
         # parameter's step is the number of steps taken (what step_count reports).
         self._replace(
-            lambda shard, flat: layout.copy_in(shard, flat, sources),
+            # A parameter the state dict gives no entry starts over, as in torch: its fields at their initial values.
+            lambda shard, flat: layout.copy_in(shard, flat, sources, init=self._init_values),
             param_steps=steps,
             groups=[{k: v for k, v in g.items() if k != "params"} for g in state_dict["param_groups"]],
             masters_given={i for i, src in sources.items() if "master" in src},
             step_count=int(max(steps.values(), default=0)),
             groups_like_torch=True,
+            param_scalars={i: self.algorithm.loaded_scalars(incoming[i]) for i in steps},
         )
         load_extra_state(self.state, self._params, {i: e for i, e in extras.items() if e}, others)
         for post_hook in torch_private.optimizer_hooks(self, "load_state_dict_post"):
@@ -477,8 +492,36 @@ class TieredOptimizer(torch.optim.Optimizer):
 
     # -- the access protocol for adapters (tierstore._runtime.access) ----------
     def param_steps(self) -> list[float | None]:
-        """Each parameter's step count, in layout order (``None`` before its first)."""
+        """Each parameter's step count, in layout order (``None`` before its first).
+
+        Raises
+        ------
+        ConfigError
+            For an algorithm with per-parameter scalars besides ``step`` (NAdam's
+            ``mu_product``), which the adapters that save step counts (checkpoints,
+            DCP) would drop.
+        """
+        self._refuse_unrecorded_scalars("checkpoints and DCP")
         return param_steps(self.state, self._params)
+
+    def _refuse_unrecorded_scalars(self, what: str) -> None:
+        """Refuse ``what`` (a store that records only step counts) for an algorithm with other per-parameter scalars."""
+        scalars = self.algorithm.scalar_inits
+        if scalars:
+            names = " and ".join(scalars)
+            raise ConfigError(
+                f"{type(self).__name__} keeps a per-parameter {names} beside each step count, and {what} record "
+                f"step counts only: they would lose it. Keep the state in RAM or a private temporary directory "
+                f"(state_dir=None) and save it with state_dict() (torch.save), which carries {names}"
+            )
+
+    def _snapshot(self, group: dict[str, Any]) -> Any:
+        """``group``'s hyperparameters for this step (:meth:`~tierstore._compute.algorithms.base.Algorithm.snapshot`).
+
+        A front whose torch class reads a setting from the optimizer rather than from
+        its param groups (lion-pytorch's ``decoupled_weight_decay``) adds it here.
+        """
+        return self.algorithm.snapshot(group, self._layout.fields)
 
     def check_usable(self) -> None:
         """Raise ``ClosedError`` after :meth:`close`, ``StepFailedError`` after a failed change."""
@@ -521,7 +564,13 @@ class TieredOptimizer(torch.optim.Optimizer):
         ``stored=True``: every stored byte of the extent). Masters of
         parameters not in ``masters_given`` are seeded from the parameters;
         ``param_steps``, ``groups`` and ``step_count`` replace the bookkeeping.
+
+        Raises
+        ------
+        ConfigError
+            For an algorithm with per-parameter scalars besides ``step``, which ``param_steps`` cannot give.
         """
+        self._refuse_unrecorded_scalars("checkpoints and DCP")
         self._replace(fill, param_steps=param_steps, groups=groups, masters_given=masters_given,
                       step_count=step_count, stored=stored)  # fmt: skip
 
@@ -535,15 +584,17 @@ class TieredOptimizer(torch.optim.Optimizer):
         step_count: int | None,
         stored: bool = False,
         groups_like_torch: bool = False,
+        param_scalars: dict[int, dict[str, Tensor]] | None = None,
     ) -> None:
         """:meth:`replace_shards`; ``groups_like_torch``: groups become the given ones, as torch's
-        ``load_state_dict`` makes them (:func:`~tierstore._layout.torch_format.restore_groups`)."""
+        ``load_state_dict`` makes them (:func:`~tierstore._layout.torch_format.restore_groups`);
+        ``param_scalars``: the parameters' other per-parameter scalars (NAdam's ``mu_product``)."""
         rt = self._runtime()
         given = masters_given or set()
         rt.replace(self._layout, fill, sync=master_sync(self._layout, self._params, to_params=given.__contains__),
                    param_steps=param_steps, groups=groups or [], step_count=step_count,
                    encode_threads=None if stored else self._knobs.codec_threads(streaming=False, behind=False),
-                   groups_like_torch=groups_like_torch)  # fmt: skip
+                   groups_like_torch=groups_like_torch, param_scalars=param_scalars)  # fmt: skip
 
     # -- adapters -------------------------------------------------------
     def save_checkpoint(self, path: str, **options: Any) -> None:
@@ -667,6 +718,12 @@ class TieredOptimizer(torch.optim.Optimizer):
         """
         if self._rt is not None:
             self._rt.close()
+
+    def close_for(self, who: str) -> None:
+        """:meth:`close`, saying who closed it (a trainer integration): a later use's ``ClosedError`` names it."""
+        if self._rt is not None and not self._rt.closed:
+            self._rt.closed_by = who
+        self.close()
 
     def __enter__(self) -> TieredOptimizer:
         return self

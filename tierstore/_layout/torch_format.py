@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from .._compute.algorithms import ADAMW, Algorithm
+from .._compute.algorithms.identify import check_loaded_group, foreign_state, state_owners
 from .._platform.dtensor import local_tensor
 from ..errors import ConfigError, ParamsChangedError
 from .layout import MASTER, MASTER_KEY, STATE_KEY_OF_FIELD, Layout
@@ -407,9 +408,10 @@ def incoming_state(
     Raises
     ------
     ConfigError
-        If the group or parameter counts differ, a hyperparameter is
-        invalid, amsgrad is used without the field, an id is unknown, or a
-        tensor has the wrong number of elements.
+        If the group or parameter counts differ, the state or a group is
+        another algorithm's (both named), a hyperparameter is invalid, amsgrad
+        is used without the field, an id is unknown, or a tensor has the wrong
+        number of elements.
     """
     require_state_dict(state_dict)
     algorithm = layout.algorithm
@@ -424,7 +426,7 @@ def incoming_state(
                 f"loaded state dict's parameter group {gi} has {len(saved['params'])} parameters, "
                 f"this optimizer's has {len(mine['params'])}"
             )
-        layout.algorithm.check_group(saved, f" in loaded group {gi}")
+        check_loaded_group(saved, algorithm, f"loaded group {gi}")  # another algorithm's is refused, both named
     require_option_fields(saved_groups, layout, "loaded")
     _, position = positions(state_dict, strict=False)
     incoming: dict[int, dict[str, Any]] = {}
@@ -441,6 +443,9 @@ def incoming_state(
                 "{'step': ..., 'exp_avg': ..., 'exp_avg_sq': ...}"
             )
         entry = {k: local_tensor(v) if isinstance(v, Tensor) and k != "step" else v for k, v in entry.items()}
+        owners = state_owners(entry, algorithm)
+        if owners:  # another algorithm's keys (momentum_buffer into AdamW): never carried as the user's own
+            raise ConfigError(foreign_state(owners, algorithm, f"the loaded state of parameter {i} ({sorted(map(str, entry))})"))
         if not meta.trainable and meta.numel > 0:
             extras = {k: v for k, v in entry.items() if k not in own_state_keys(layout)}
             if extras:

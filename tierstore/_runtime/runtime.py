@@ -34,7 +34,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,6 +139,7 @@ class Runtime:
         self._last_step_end: float | None = None
         self.failure: BaseException | None = None
         self.closed = False
+        self.closed_by = ""  # who closed it, when not the user (a trainer integration): its message says so
         self._pid = os.getpid()
         self._state = state
         self._param_groups = param_groups
@@ -163,7 +164,8 @@ class Runtime:
         count = self.step_count
         if update is not None:
             for i, a in update.active.items():
-                steps[i] = float(a.step)
+                if a.advances:
+                    steps[i] = float(a.step)
             count += 1
         return Progress.capture(count, steps, self._param_groups)
 
@@ -255,7 +257,8 @@ class Runtime:
     def require_open(self) -> None:
         """Raise if the optimizer is closed or an earlier change failed part-way."""
         if self.closed:
-            raise ClosedError("this TieredAdamW is closed; build a new one (with resume=True to continue its state)")
+            by = f" ({self.closed_by})" if self.closed_by else ""
+            raise ClosedError(f"this optimizer is closed{by}; build a new one (with resume=True to continue its state)")
         if self.failure is not None:
             durable = self.journal.durable and self.journal.persistent
             where = f" from state_dir={str(self.journal.directory)!r}" if durable else ""
@@ -312,8 +315,11 @@ class Runtime:
         step_count: int | None,
         encode_threads: int | None,
         groups_like_torch: bool = False,
+        param_scalars: Mapping[int, Mapping[str, Tensor]] | None = None,
     ) -> None:
         """Overwrite every shard with ``fill``, then ``sync`` it (masters), replace the step bookkeeping, commit.
+
+        ``param_scalars`` are the parameters' other per-parameter scalars (NAdam's ``mu_product``), kept with their steps.
 
         With ``encode_threads`` ``fill`` sets fp32 values that are then encoded
         into the shard; ``None``: ``fill`` sets the stored bytes. A failure
@@ -333,7 +339,7 @@ class Runtime:
             if step_count is not None:
                 self.step_count = int(step_count)
             self.pipeline.run(range(len(layout.shards)), fill_and_sync, read=False)
-            reset_param_steps(self._state, self._params, param_steps)
+            reset_param_steps(self._state, self._params, param_steps, param_scalars)
             restore_groups(self._param_groups, groups, like_torch=groups_like_torch, algorithm=layout.algorithm)
             self.commit()
 

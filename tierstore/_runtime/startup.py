@@ -44,10 +44,10 @@ from .._layout.spec import StateSpec, decide_for
 from .._layout.torch_format import step_tensor
 from .._platform.dtensor import local_tensor
 from .._state.journal import Journal
-from .._state.manifest import check_same_model, decode_group, saved_layout
+from .._state.manifest import check_same_model, decode_group, other_algorithm, saved_layout
 from .._storage.pipeline import ShardPipeline
 from .._storage.store import ShardStore
-from ..errors import BudgetError, CorruptStateError
+from ..errors import BudgetError, CorruptStateError, LayoutMismatchError
 from ..sizes import resolve_budget
 from .runtime import Runtime
 from .update import master_sync
@@ -139,6 +139,8 @@ def _lay_out(
 ) -> tuple[StateSpec, Layout, TierPlan]:
     where = str(journal.directory)
     old = saved_layout(journal.saved, where) if journal.saved else None
+    if old is not None and old.algorithm is not algorithm:  # before anything is decided for the wrong fields
+        raise LayoutMismatchError(other_algorithm(f"state_dir={where!r}", old.algorithm, algorithm))
     if isinstance(ram_budget, Fraction):
         ram_budget = _share_bytes(ram_budget, params, param_groups, keep_master, old, moment_dtype, knobs, algorithm)
     spec = decide_for(
@@ -246,7 +248,7 @@ def _resume(
     runtime.store.open(committed=saved["shards"])
     runtime.step_count = int(saved["step_count"])
     for group, stored in zip(param_groups, saved["param_groups"]):
-        group.update(decode_group(stored))
+        group.update(decode_group(stored, layout.algorithm))
     for p, step in zip(params, saved["param_steps"]):
         if step is not None:
             state[p]["step"] = step_tensor(step)

@@ -1,8 +1,9 @@
 """What the manifest records and how a resume checks it (no I/O here).
 
 The manifest is the commit record of a state directory: the layout it
-belongs to (and its fingerprint), the committed ``step_count``, every
-parameter's AdamW step, the param groups' hyperparameters, and for every
+belongs to (and its fingerprint, and so its optimizer algorithm), the
+committed ``step_count``, every parameter's step, the param groups'
+hyperparameters (checked as the layout's algorithm checks them), and for every
 shard which copy is committed and its checksum. :class:`~tierstore._state.statedir.StateDir`
 writes it atomically; this module builds its content, checks it on read
 (:func:`validate`: every field's type and bounds, before anything uses it)
@@ -26,10 +27,16 @@ from typing import Any
 
 import torch
 
-from .._compute.hyper import check_hyper
+from .._compute.algorithms import ADAMW, ALGORITHMS, FLAG_OR_NULL, NUMBER, PAIR, Algorithm
 from .._layout.layout import Layout
 from .._version import __version__
-from ..errors import ConfigError, CorruptStateError, LayoutMismatchError, TierstoreError
+from ..errors import (
+    ConfigError,
+    CorruptStateError,
+    FormatVersionError,
+    LayoutMismatchError,
+    TierstoreError,
+)
 
 
 def _jsonable(value: Any) -> Any:
@@ -61,12 +68,55 @@ def encode_groups(groups: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def decode_group(saved: dict[str, Any]) -> dict[str, Any]:
-    """Inverse of one :func:`encode_groups` entry (``betas`` back to a tuple)."""
-    group = dict(saved)
-    if "betas" in group:
-        group["betas"] = tuple(float(b) for b in group["betas"])
-    return group
+def decode_group(saved: dict[str, Any], algorithm: Algorithm = ADAMW) -> dict[str, Any]:
+    """Inverse of one :func:`encode_groups` entry (``betas`` back to a tuple: the algorithm's pairs).
+
+    ``algorithm`` is the one whose groups these are (the saved layout's).
+    """
+    return algorithm.decode_group(saved)
+
+
+#: A saved group's key that is absent (:func:`saved_group_problem`).
+MISSING = object()
+_EXPECTED = {NUMBER: "a number", PAIR: "a pair of numbers"}
+
+
+def _is_number(value: Any) -> bool:
+    """A real number (int or float, not bool) that converts to a float (an int past 1e308 does not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
+def saved_group_problem(group: dict[str, Any], algorithm: Algorithm) -> tuple[str, Any, str] | None:
+    """The first hyperparameter of a saved group whose JSON type is not its kind, or ``None``.
+
+    The kinds are the algorithm's (:attr:`~tierstore._compute.algorithms.base.Algorithm.group_kinds`):
+    a number and a pair of numbers must be there, a flag is checked where present. Returns
+    ``(key, value, expected)``; ``value`` is :data:`MISSING` for an absent key.
+
+    Example
+    -------
+    >>> saved_group_problem({"lr": 0.1, "eps": 1e-8, "weight_decay": 0, "betas": [0.9]}, ADAMW)
+    ('betas', [0.9], 'a pair of numbers')
+    """
+    for key, kind in algorithm.group_kinds.items():
+        value = group.get(key, MISSING)
+        if kind == NUMBER:
+            ok = _is_number(value)
+        elif kind == PAIR:
+            ok = isinstance(value, list) and len(value) == 2 and all(map(_is_number, value))
+        else:
+            if value is MISSING:
+                continue
+            ok = isinstance(value, bool) or (kind == FLAG_OR_NULL and value is None)
+        if not ok:
+            return key, value, _EXPECTED.get(kind, "true or false" + (" or null" if kind == FLAG_OR_NULL else ""))
+    return None
 
 
 def build(
@@ -161,6 +211,8 @@ def saved_layout(manifest: dict[str, Any], where: str) -> Layout:
     ------
     CorruptStateError
         If the manifest's layout cannot be read or its fingerprint does not match it.
+    FormatVersionError
+        If it is the state of an optimizer algorithm this tierstore does not know (a newer one wrote it).
     """
     raw = manifest.get("layout")
     if not isinstance(raw, dict):
@@ -168,6 +220,13 @@ def saved_layout(manifest: dict[str, Any], where: str) -> Layout:
     try:
         layout = Layout.from_dict(raw)
     except _LAYOUT_ERRORS as exc:
+        name = raw.get("algorithm")
+        if isinstance(name, str) and name.isidentifier() and len(name) <= 64 and name not in ALGORITHMS:
+            raise FormatVersionError(  # a registered name of a newer tierstore (a generic adapter's has a colon)
+                f"the state in {where} belongs to the optimizer algorithm {name!r}, which this tierstore "
+                f"({__version__}) does not know (it knows {sorted(ALGORITHMS)}); read it with the tierstore that "
+                f"wrote it ({short_repr(manifest.get('tierstore_version'))}) or a newer one"
+            ) from None
         raise CorruptStateError(
             f"the manifest in {where} has no readable layout ({type(exc).__name__}: {short_repr(str(exc), 300)}); "
             f"{_FIX}"
@@ -186,8 +245,6 @@ _FIX = "it was damaged or crafted: restore the state directory from a checkpoint
 #: Step counts a manifest may hold: whole numbers from 0 to 2**53 (every one exact in a double).
 MAX_STEP = 1 << 53
 _CHECKSUM = re.compile(r"[0-9a-f]{16}")
-_FLAGS = ("amsgrad", "maximize", "capturable", "differentiable", "decoupled_weight_decay")
-_OPTIONAL_FLAGS = ("foreach", "fused")
 
 
 def short_repr(value: Any, limit: int = 80) -> str:
@@ -263,27 +320,27 @@ def _list(value: Any, key: str, where: str, length: int | None = None) -> list:
     return value
 
 
-def _group(group: Any, key: str, where: str) -> None:
-    """A param group's hyperparameters: the types tierstore writes, values torch.optim.AdamW accepts."""
+def _group(group: Any, key: str, where: str, algorithm: Algorithm) -> None:
+    """A param group's hyperparameters: the types tierstore writes, values the algorithm's torch class accepts."""
     if not isinstance(group, dict):
         raise _invalid(where, key, group, "an object of hyperparameters")
-    lr = _number(_field(group, "lr", where, f"{key}."), f"{key}.lr", where)
-    eps = _number(_field(group, "eps", where, f"{key}."), f"{key}.eps", where)
-    weight_decay = _number(_field(group, "weight_decay", where, f"{key}."), f"{key}.weight_decay", where)
-    betas = _field(group, "betas", where, f"{key}.")
-    if not (isinstance(betas, list) and len(betas) == 2):
-        raise _invalid(where, f"{key}.betas", betas, "a pair of numbers")
-    b1, b2 = (_number(b, f"{key}.betas[{k}]", where) for k, b in enumerate(betas))
-    for name in _FLAGS:
-        if name in group:
-            _flag(group[name], f"{key}.{name}", where)
-    for name in _OPTIONAL_FLAGS:
-        if name in group:
-            _flag(group[name], f"{key}.{name}", where, optional=True)
-    try:  # the construction checks torch.optim.AdamW makes, as the optimizer makes them
-        check_hyper(lr, (b1, b2), eps, weight_decay, f" in {key}")
-    except ConfigError as exc:
-        raise CorruptStateError(f"the manifest {where} holds hyperparameters torch.optim.AdamW refuses: {exc}. {_FIX}") from None
+    problem = saved_group_problem(group, algorithm)
+    if problem is not None:
+        name, value, expected = problem
+        if value is MISSING:
+            raise _missing(where, f"{key}.{name}")
+        if isinstance(value, list) and expected == _EXPECTED[PAIR]:
+            for k, b in enumerate(value):  # the element that is not a number, named as before
+                _number(b, f"{key}.{name}[{k}]", where)
+        if expected == _EXPECTED[NUMBER]:
+            _number(value, f"{key}.{name}", where)  # says "within the range of a double" for a huge int
+        raise _invalid(where, f"{key}.{name}", value, expected)
+    try:  # the construction checks the torch class makes, as the optimizer makes them
+        algorithm.check_group(algorithm.decode_group(group), f" in {key}")
+    except (ConfigError, KeyError, TypeError, ValueError) as exc:  # an algorithm's check of a crafted group
+        raise CorruptStateError(
+            f"the manifest {where} holds hyperparameters {algorithm.torch_class} refuses: {exc}. {_FIX}"
+        ) from None
 
 
 def _commit(record: dict, prefix: str, layout: Layout, where: str) -> int:
@@ -301,7 +358,7 @@ def _commit(record: dict, prefix: str, layout: Layout, where: str) -> int:
             f"places parameters in {used}; {_FIX}"
         )
     for g, group in enumerate(groups):
-        _group(group, f"{prefix}param_groups[{g}]", where)
+        _group(group, f"{prefix}param_groups[{g}]", where, layout.algorithm)
     shards = _list(_field(record, "shards", where, prefix), f"{prefix}shards", where, len(layout.shards))
     for i, rec in enumerate(shards):
         key = f"{prefix}shards[{i}]"
@@ -368,8 +425,11 @@ def check_same_model(saved: Layout, mine: Layout, where: str) -> None:
     Raises
     ------
     LayoutMismatchError
-        Naming the first difference and the fix.
+        Naming the first difference and the fix; state of another optimizer
+        algorithm is named with both algorithms.
     """
+    if saved.algorithm is not mine.algorithm:
+        raise LayoutMismatchError(other_algorithm(f"state_dir={where!r}", saved.algorithm, mine.algorithm))
     if saved.fingerprint != mine.fingerprint and saved.format != mine.format:
         same_otherwise = Layout.from_dict({**mine.to_dict(), "moment_dtype": saved.format.name})
         if same_otherwise.fingerprint == saved.fingerprint:
@@ -377,7 +437,7 @@ def check_same_model(saved: Layout, mine: Layout, where: str) -> None:
                 f"state_dir={where!r} holds moments in moment_dtype={saved.format.name!r}, this optimizer was "
                 f"built with moment_dtype={mine.format.name!r}. Pass moment_dtype={saved.format.name!r} to "
                 "resume it as it is, or convert it: resume it with its format, save_checkpoint(path), then "
-                f"load_checkpoint(path) into a TieredAdamW with moment_dtype={mine.format.name!r} and another "
+                f"load_checkpoint(path) into a {mine.algorithm.front} with moment_dtype={mine.format.name!r} and another "
                 "state_dir (docs/formats.md, 'Converting a state directory')"
             )
     if saved.fingerprint != mine.fingerprint:
@@ -387,3 +447,24 @@ def check_same_model(saved: Layout, mine: Layout, where: str) -> None:
             f"{saved.fingerprint}). Pass the same parameters, dtypes and param groups (and "
             "shard_numel/amsgrad/keep_master) as the run that wrote it, or use another state_dir"
         )
+
+
+def other_algorithm(what: str, saved: Algorithm, mine: Algorithm, fix: str = "") -> str:
+    """The message refusing state of another optimizer algorithm: both named, and the fix.
+
+    ``what`` names the state (``"state_dir='/run'"``, ``"checkpoint /ck.zarr"``); ``fix``
+    replaces the resume's (build the other front, or use another ``state_dir``).
+
+    Example
+    -------
+    >>> from tierstore._compute.algorithms.adamw import AdamW
+    >>> class SGD(AdamW): name, front, torch_class = "sgd", "TieredSGD", "torch.optim.SGD"
+    >>> print(other_algorithm("state_dir='/run'", SGD(), ADAMW))  # doctest: +NORMALIZE_WHITESPACE
+    state_dir='/run' holds TieredSGD (sgd) state; this is TieredAdamW (adamw): resume it with a TieredSGD,
+    or give TieredAdamW another state_dir (an optimizer resumes only the state of its own algorithm)
+    """
+    fix = fix or (
+        f"resume it with a {saved.front}, or give {mine.front} another state_dir (an optimizer resumes only "
+        "the state of its own algorithm)"
+    )
+    return f"{what} holds {saved.label} state; this is {mine.label}: {fix}"

@@ -149,7 +149,7 @@ class StateReader:
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
-        return [manifest_mod.decode_group(g) for g in self.manifest["param_groups"]]
+        return [manifest_mod.decode_group(g, self.layout.algorithm) for g in self.manifest["param_groups"]]
 
     @property
     def param_steps(self) -> list[float | None]:

@@ -36,6 +36,7 @@ from zarr.codecs import BytesCodec, Crc32cCodec
 from zarr.core.buffer import default_buffer_prototype
 
 from .._compute import codecs, formats
+from .._compute.algorithms import ADAMW
 from .._layout.layout import ShardSpec
 from .._state import manifest as manifest_mod
 from .._storage.chunkfile import SCRATCH_NBYTES, ChunkFiles
@@ -44,12 +45,15 @@ from ..errors import CorruptStateError, FormatVersionError
 from ._files import file_kind
 from ._validate import check_header, check_param_index, same_json, scan_checkpoint
 from ._zarr_format import (
+    ALGORITHM_VERSION,
     CHECKSUMS,
     FORMAT_NAME,
     FORMAT_VERSION,
     SCALES_SUFFIX,
+    algorithm_attribute,
     array_specs,
     chunk_file_nbytes,
+    least_version,
     numpy_codes,
     scales_name,
 )
@@ -62,9 +66,10 @@ class CheckpointReader:
     Nothing in a checkpoint is trusted before it is checked: every entry must
     be a regular file or a directory (a symlink, FIFO or device is refused
     before zarr opens anything), metadata files are bounded in size, the
-    attributes must describe the layout they carry (parameter index, arrays,
-    formats and their block sizes, step counts, hyperparameters torch's
-    ``AdamW`` accepts), and every chunk file must be there with its size.
+    attributes must describe the layout they carry (its optimizer algorithm,
+    parameter index, arrays, formats and their block sizes, step counts,
+    hyperparameters the algorithm's torch class accepts), and every chunk
+    file must be there with its size.
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
@@ -135,12 +140,25 @@ class CheckpointReader:
                 + (f" (missing {missing}: a missing moment is never read as zeros)" if missing else "")
                 + ". The checkpoint is damaged, write it again"
             )
-        for field in ("exp_avg", "exp_avg_sq"):
+        algorithm = layout.algorithm
+        for field in algorithm.required_fields():
             if field not in layout.fields:
                 raise CorruptStateError(
-                    f"{where} has no {field} array (its layout holds {list(layout.fields)}); it is not an AdamW "
-                    "checkpoint. Pass a checkpoint written by save_checkpoint or tierstore export, or write this one again"
+                    f"{where} has no {field} array (its layout holds {list(layout.fields)}); every {algorithm.label} "
+                    "state holds one. Pass a checkpoint written by save_checkpoint or tierstore export, or write this "
+                    "one again"
                 )
+        if version < least_version(layout) and algorithm.name != ADAMW.name:
+            raise CorruptStateError(
+                f"{where} holds {algorithm.label} state but says format_version {version}; such state came with "
+                f"version {ALGORITHM_VERSION}. The checkpoint is damaged, write it again"
+            )
+        named = {k: attrs[k] for k in ("algorithm", "torch_class") if k in attrs}
+        if not same_json(named, algorithm_attribute(layout)):
+            raise CorruptStateError(
+                f"{where} has algorithm attributes {named!r}; its layout holds {algorithm.label} state "
+                f"({algorithm_attribute(layout) or 'no attributes for AdamW'}). The checkpoint is damaged, write it again"
+            )
         checks: dict[str, Any] = {"shard_numel": layout.shard_numel, "total_numel": layout.total_numel}
         if layout.encoded:
             checks["moment_dtype"] = layout.format.name

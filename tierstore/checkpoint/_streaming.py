@@ -30,9 +30,10 @@ from typing import Any
 import torch
 
 from .._layout.layout import Layout, ShardSpec
-from .._layout.torch_format import require_amsgrad_field
+from .._layout.torch_format import require_option_fields
 from .._runtime.access import ShardAccess
 from .._state import manifest as manifest_mod
+from .._state.manifest import other_algorithm
 from ..errors import CorruptStateError, LayoutMismatchError
 from ._reader import CheckpointReader
 from ._state_dir import check_manifest_header, open_state_reader, require_clean
@@ -167,12 +168,18 @@ def export_statedir(
 
 
 def _check_same_model(ck: CheckpointReader, mine: Layout, n_groups: int) -> None:
-    """Refuse a checkpoint of another model (shard size, fields and dtypes may differ)."""
+    """Refuse a checkpoint of another optimizer algorithm or another model (shard size, fields and dtypes may differ)."""
     fix = (
         "Load a checkpoint saved from this model, or build the optimizer over the same parameters "
         "and param groups, in the same order, as the run that saved it"
     )
     where = f"checkpoint {ck.path}"
+    saved = ck.layout.algorithm
+    if saved is not mine.algorithm:
+        raise LayoutMismatchError(other_algorithm(where, saved, mine.algorithm, fix=(
+            f"load it into a {saved.front}, or load into this {mine.algorithm.front} a checkpoint of its own "
+            f"algorithm (save_checkpoint of a {mine.algorithm.front}, or state_dict_to_checkpoint of a "
+            f"{mine.algorithm.torch_class} state dict)")))  # fmt: skip
     if len(ck.params) != len(mine.params):
         raise LayoutMismatchError(f"{where} has {len(ck.params)} parameters, this optimizer has {len(mine.params)}. {fix}")
     if len(ck.param_groups) != n_groups:
@@ -209,13 +216,15 @@ def load_checkpoint(opt: ShardAccess, path: str | os.PathLike) -> None:
     ``opt.step_count`` and (when both have one) the fp32 master copy, which
     is then written into the parameters. The checkpoint may have been
     written with another ``shard_numel``, RAM budget or backend; it must
-    come from the same model (parameter shapes, order, groups and frozen
-    flags). Master weights in the checkpoint are ignored by an optimizer
+    come from the same optimizer algorithm (a ``TieredSGD`` checkpoint does
+    not load into a ``TieredAdamW``) and the same model (parameter shapes,
+    order, groups and frozen flags). Master weights in the checkpoint are ignored by an optimizer
     that keeps none (fp32 CPU parameters without ``keep_master``), as
     ``load_state_dict`` does; an optimizer that keeps them seeds them from
     its parameters when the checkpoint has none. A checkpoint always holds
-    ``exp_avg`` and ``exp_avg_sq`` (one that lacks either is refused, never
-    read as zeros). One saved without amsgrad loads into an optimizer built
+    the fields its algorithm always keeps (AdamW: ``exp_avg`` and
+    ``exp_avg_sq``; one that lacks either is refused, never read as zeros).
+    One saved without amsgrad (a field an option adds) loads into an optimizer built
     with ``amsgrad=True`` as torch loads it: the saved groups are restored
     (``amsgrad=False``), so ``max_exp_avg_sq`` is not used; it is set to
     zeros, its initial value, should a group switch amsgrad on again (where
@@ -228,7 +237,8 @@ def load_checkpoint(opt: ShardAccess, path: str | os.PathLike) -> None:
     Raises
     ------
     LayoutMismatchError
-        If the checkpoint belongs to another model (names the first difference).
+        If the checkpoint belongs to another model (names the first difference)
+        or holds another optimizer algorithm's state (names both).
     FormatVersionError
         If it was written by a newer checkpoint format, or is not a tierstore checkpoint.
     CorruptStateError
@@ -252,15 +262,17 @@ def load_checkpoint(opt: ShardAccess, path: str | os.PathLike) -> None:
     ck = CheckpointReader(path)
     layout = opt.layout
     _check_same_model(ck, layout, len(opt.param_groups))
-    require_amsgrad_field(ck.param_groups, layout, f"checkpoint {ck.path}")
+    require_option_fields(ck.param_groups, layout, f"checkpoint {ck.path}")
     if "master" in ck.arrays and "master" not in layout.fields:
         log.info("%s holds master weights; this optimizer keeps none (fp32 parameters), so they are not loaded", ck.path)
 
-    # Only these may be absent (the checkpoint's own arrays are exactly its layout's fields, exp_avg
-    # and exp_avg_sq always among them): the master is seeded from the parameters, max_exp_avg_sq
-    # starts at zeros as torch would start it, and is unused under the restored groups.
+    # Only these may be absent (the checkpoint's own arrays are exactly its layout's fields, the
+    # algorithm's required ones always among them): the master is seeded from the parameters, a field an
+    # option adds (max_exp_avg_sq) starts at zeros as torch would start it, and is unused under the
+    # restored groups.
     absent = [f for f in layout.fields if f not in ck.arrays]
-    if not set(absent) <= {"master", "max_exp_avg_sq"}:  # pragma: no cover - CheckpointReader refuses these
+    optional = {"master"} | {f.name for f in layout.algorithm.fields if f.option is not None}
+    if not set(absent) <= optional:  # pragma: no cover - CheckpointReader refuses these
         raise CorruptStateError(f"checkpoint {ck.path} lacks {absent}; write it again")
     same_space = all(p.start == saved["start"] for p, saved in zip(layout.params, ck.params) if p.trainable)
     copy_stored = same_space and ck.format == layout.format

@@ -1,4 +1,8 @@
-"""Conversions between checkpoints or state directories and ``torch.optim.AdamW`` state dicts (states that fit in RAM).
+"""Conversions between checkpoints or state directories and torch optimizer state dicts (states that fit in RAM).
+
+The state dict is that of the state's algorithm's torch class (``torch.optim.AdamW``,
+``torch.optim.SGD``, ...): a checkpoint or state directory names its algorithm; a torch
+state dict does not, so :func:`state_dict_to_checkpoint` takes it (``algorithm=``).
 
 A state dict holds every moment as a full CPU tensor, so these are for
 models whose state fits in RAM; larger states stream
@@ -21,13 +25,14 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
-from .._compute.hyper import check_hyper
-from .._layout.layout import DEFAULT_SHARD_NUMEL, MASTER_KEY, STATE_KEY_OF_FIELD, Layout, fields_for
+from .._compute.algorithms import Algorithm, algorithm_named
+from .._compute.algorithms.identify import check_loaded_group, foreign_state, state_owners
+from .._layout.layout import DEFAULT_SHARD_NUMEL, MASTER_KEY, Layout, state_fields
 from .._layout.torch_format import empty_state_dict, flat_sources, positions
 from .._state import manifest as manifest_mod
 from ..errors import ConfigError
@@ -40,11 +45,11 @@ from ._zarr_format import CheckpointHeader
 __all__ = ["checkpoint_to_state_dict", "statedir_to_state_dict", "state_dict_to_checkpoint"]
 
 def checkpoint_to_state_dict(path: str | os.PathLike) -> dict[str, Any]:
-    """A checkpoint as a ``torch.optim.AdamW`` state dict (every moment as a full CPU tensor).
+    """A checkpoint as a state dict of its algorithm's torch class (every field as a full CPU tensor).
 
     Parameters that never took a step have no entry in ``state``, as in
     torch. ``master_param`` is included where the checkpoint has master
-    weights; ``torch.optim.AdamW`` ignores it, ``TieredAdamW`` loads it.
+    weights; torch's optimizers ignore it, the tiered fronts load it.
 
     Raises
     ------
@@ -78,7 +83,7 @@ def checkpoint_to_state_dict(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def statedir_to_state_dict(state_dir: str | os.PathLike) -> dict[str, Any]:
-    """A state directory's last commit as a ``torch.optim.AdamW`` state dict (no optimizer needed).
+    """A state directory's last commit as a state dict of its algorithm's torch class (no optimizer needed).
 
     Raises
     ------
@@ -113,8 +118,9 @@ def state_dict_to_checkpoint(
     params: Iterable[torch.Tensor] | None = None,
     overwrite: bool = False,
     checksum: str | None = "xxh3",
+    algorithm: str | Algorithm = "adamw",
 ) -> None:
-    """Write a ``torch.optim.AdamW`` (or ``TieredAdamW``) state dict as a zarr checkpoint.
+    """Write a torch optimizer's (or a tiered front's) state dict as a zarr checkpoint.
 
     A parameter with state (``exp_avg``...) is trainable with the state's
     shape. Without ``params``, a parameter with no state is recorded as
@@ -127,18 +133,24 @@ def state_dict_to_checkpoint(
     Parameters
     ----------
     state_dict
-        ``optimizer.state_dict()`` of ``torch.optim.AdamW``.
+        ``optimizer.state_dict()`` of the torch class of ``algorithm``
+        (``torch.optim.AdamW`` by default).
     path, overwrite, checksum
         As :func:`save_checkpoint`.
     shard_numel
         Elements per chunk (rounded up to a multiple of 1024).
     params
         Optional: the parameters the state dict belongs to.
+    algorithm
+        The optimizer algorithm whose state it is, by its registered name
+        (``"adamw"``, ``"sgd"``, ...): a torch state dict does not name its
+        optimizer. One whose keys are another registered algorithm's is refused,
+        naming both.
 
     Raises
     ------
     ConfigError
-        If the state dict is malformed or does not match ``params``.
+        If the state dict is malformed, another algorithm's, or does not match ``params``.
     CheckpointExistsError
         As :func:`save_checkpoint`.
 
@@ -152,6 +164,7 @@ def state_dict_to_checkpoint(
     >>> checkpoint_to_state_dict(path)["state"][0]["exp_avg"].tolist()
     [0.10000000149011612, 0.10000000149011612, 0.10000000149011612]
     """
+    algorithm = algorithm_named(algorithm)
     groups, position = positions(state_dict)
     n = len(position)
     given = None if params is None else list(params)
@@ -160,15 +173,17 @@ def state_dict_to_checkpoint(
     entries: list[dict[str, Any]] = [{} for _ in range(n)]
     for pid, entry in state_dict["state"].items():
         entries[position[pid]] = entry
-    amsgrad_of = [bool(g.get("amsgrad", False)) for ids, g in zip(groups, state_dict["param_groups"]) for _ in ids]
+    group_of = [g for ids, g in zip(groups, state_dict["param_groups"]) for _ in ids]
+    keys = [MASTER_KEY, *algorithm.field_names]
     for i, entry in enumerate(entries):
-        _check_torch_entry(i, entry, amsgrad=amsgrad_of[i])
+        _check_torch_entry(i, entry, algorithm, group_of[i])
     for gi, group in enumerate(state_dict["param_groups"]):
-        # The reader refuses hyperparameters torch's AdamW refuses: so does the writer.
-        check_hyper(group.get("lr"), group.get("betas"), group.get("eps"), group.get("weight_decay"), f" in param group {gi}")
-    fields = fields_for(
-        amsgrad=any("max_exp_avg_sq" in e for e in entries), master=any(MASTER_KEY in e for e in entries)
-    )
+        # The reader refuses hyperparameters the torch class refuses: so does the writer.
+        check_loaded_group(group, algorithm, f"param group {gi}")
+    # A field an option adds is kept when a group uses the option or a parameter's state holds it.
+    options = set(algorithm.options(state_dict["param_groups"]))
+    options |= {f.option for f in algorithm.fields if f.option is not None and any(f.name in e for e in entries)}
+    fields = state_fields(algorithm, options, master=any(MASTER_KEY in e for e in entries))
     stand_ins: list[list[torch.Tensor]] = []
     known, steps, has_master = [], [], []
     for ids in groups:
@@ -176,27 +191,33 @@ def state_dict_to_checkpoint(
         for pid in ids:
             i = position[pid]
             entry = entries[i]
+            ref = next((entry[k] for k in keys if k in entry), None)
             if given is not None:
                 p = given[i]
                 stand_in = torch.empty(p.shape, dtype=p.dtype, device="meta").requires_grad_(bool(p.requires_grad) and p.is_floating_point())
-                if entry and entry["exp_avg"].numel() != p.numel():
+                if ref is not None and ref.numel() != p.numel():
+                    key = next(k for k in keys if k in entry)
                     raise ConfigError(
-                        f"the exp_avg of parameter {i} has {entry['exp_avg'].numel()} elements, params[{i}] "
+                        f"the {key} of parameter {i} has {ref.numel()} elements, params[{i}] "
                         f"has {p.numel()} (shape {tuple(p.shape)}); pass the parameters in the state dict's order"
                     )
                 known.append(True)
-            elif entry:
-                ref = entry["exp_avg"]
+            elif ref is not None:
                 stand_in = torch.empty(ref.shape, dtype=ref.dtype, device="meta").requires_grad_(True)
                 known.append(True)
+            elif entry:
+                raise ConfigError(
+                    f"the state of parameter {i} holds no tensor ({sorted(map(str, entry))}), so its shape is unknown; "
+                    "pass params=model.parameters() (in the state dict's order)"
+                )
             else:
                 stand_in = torch.empty(0, device="meta")
                 known.append(False)
             group_tensors.append(stand_in)
-            steps.append(float(entry["step"]) if entry and "step" in entry else None)
+            steps.append(_step_of(algorithm, entry) if entry else None)
             has_master.append(MASTER_KEY in entry)
         stand_ins.append(group_tensors)
-    layout = Layout.build(stand_ins, shard_numel=shard_numel, fields=fields)
+    layout = Layout.build(stand_ins, shard_numel=shard_numel, fields=fields, algorithm=algorithm)
     if given is not None:
         for i, entry in enumerate(entries):
             if entry and not layout.params[i].trainable:
@@ -220,47 +241,68 @@ def state_dict_to_checkpoint(
                 writer.write(shard, field, t)
 
 
-def _check_torch_entry(i: int, entry: Any, *, amsgrad: bool) -> None:
-    """Refuse a torch AdamW state entry that is not complete: a missing moment is never written as zeros.
+def _step_of(algorithm: Algorithm, entry: Mapping[str, Any]) -> float:
+    """A stepped parameter's step count: the algorithm's reading of its entry (torch's ``step``), else 1."""
+    step = algorithm.loaded_step(entry)
+    # Note: an algorithm whose torch state keeps no step (SGD) is recorded as stepped once; its state has what
+    # it needs (the lazy fields it created) and no update reads the count.
+    return 1.0 if step is None else float(step)
 
-    As in torch, an entry has ``step``, ``exp_avg`` and ``exp_avg_sq``, and
-    ``max_exp_avg_sq`` when its group uses amsgrad (torch's AdamW fails at
-    its next step without it); every tensor has the same number of elements.
+
+def _check_torch_entry(i: int, entry: Any, algorithm: Algorithm, group: Mapping[str, Any]) -> None:
+    """Refuse a torch state entry that is not complete, or another algorithm's: a missing field is never written as zeros.
+
+    As in torch, a parameter's entry has the algorithm's scalars (AdamW:
+    ``step``) and the fields it always keeps (``exp_avg``, ``exp_avg_sq``),
+    and the fields of the options its group uses (``max_exp_avg_sq`` with
+    amsgrad; torch's AdamW fails at its next step without it); every tensor
+    has the same number of elements.
 
     Raises
     ------
     ConfigError
-        Naming the parameter, the key and the fix.
+        Naming the parameter, the key and the fix (both algorithms for another's state).
     """
     if not isinstance(entry, dict):
         raise ConfigError(f"the state of parameter {i} is {type(entry).__name__}, not a dict; pass optimizer.state_dict()")
     if not entry:
         return
-    required = ["step", "exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if amsgrad else [])
+    owners = state_owners(entry, algorithm)
+    if owners:
+        names = " or ".join(repr(a.name) for a in owners)
+        raise ConfigError(foreign_state(owners, algorithm, f"the state of parameter {i} ({sorted(map(str, entry))})",
+                                        fix=f"pass algorithm={names} to convert it"))  # fmt: skip
+    scalars = [k for k in algorithm.state_scalars if k == "step"]
+    optional = [f.name for f in algorithm.fields if f.option is not None and not f.lazy and algorithm.uses(group, f.option)]
+    required = scalars + list(algorithm.required_fields()) + optional
     missing = [k for k in required if k not in entry]
     if missing:
+        options = sorted({f.option for f in algorithm.fields if f.name in missing and f.option is not None})
         raise ConfigError(
             f"the state of parameter {i} lacks {missing}"
-            + (" (its param group uses amsgrad)" if "max_exp_avg_sq" in missing else "")
-            + "; a missing tensor is never written as zeros. Pass the complete state dict of a torch.optim.AdamW"
+            + (f" (its param group uses {' and '.join(options)})" if options else "")
+            + f"; a missing tensor is never written as zeros. Pass the complete state dict of a {algorithm.torch_class}"
         )
-    step = entry["step"]
-    try:
-        value = float(step)
-    except (TypeError, ValueError, RuntimeError):
-        value = math.nan
-    if isinstance(step, bool) or not (math.isfinite(value) and 0 <= value <= MAX_STEP and value.is_integer()):
-        raise ConfigError(f"the step of parameter {i} is {step!r}; a step is a whole number >= 0 (as torch's AdamW counts)")
-    numel = None
-    for key in STATE_KEY_OF_FIELD.values():
+    if "step" in entry:
+        step = entry["step"]
+        try:
+            value = float(step)
+        except (TypeError, ValueError, RuntimeError):
+            value = math.nan
+        if isinstance(step, bool) or not (math.isfinite(value) and 0 <= value <= MAX_STEP and value.is_integer()):
+            raise ConfigError(
+                f"the step of parameter {i} is {step!r}; a step is a whole number >= 0 (as {algorithm.torch_class} counts)"
+            )
+    first = None
+    for key in (*algorithm.field_names, MASTER_KEY):
         if key not in entry:
             continue
         tensor = entry[key]
         if not isinstance(tensor, torch.Tensor):
             raise ConfigError(f"the {key} of parameter {i} is {type(tensor).__name__}, not a tensor; pass optimizer.state_dict()")
-        if numel is not None and tensor.numel() != numel:
+        if first is not None and tensor.numel() != first[1]:
             raise ConfigError(
-                f"the {key} of parameter {i} has {tensor.numel()} elements, its exp_avg {numel}; every tensor of a "
+                f"the {key} of parameter {i} has {tensor.numel()} elements, its {first[0]} {first[1]}; every tensor of a "
                 "parameter's state has the parameter's size"
             )
-        numel = tensor.numel() if numel is None else numel
+        first = first or (key, tensor.numel())

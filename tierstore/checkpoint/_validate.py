@@ -21,7 +21,6 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from .._compute.hyper import check_hyper
 from .._layout.layout import MAX_PARAMS, Layout
 from .._state import manifest as manifest_mod
 from ..errors import ConfigError, CorruptStateError
@@ -116,14 +115,14 @@ def check_header(
 
     Step counts are non-negative whole numbers (:data:`MAX_STEP` at most), one per
     parameter or ``None``; every group a parameter names exists, and its
-    hyperparameters are values ``torch.optim.AdamW`` accepts
-    (:func:`tierstore._compute.hyper.check_hyper`); a group using amsgrad needs the
-    ``max_exp_avg_sq`` field.
+    hyperparameters are of the kinds the layout's algorithm saves and values
+    its torch class accepts (:meth:`~tierstore._compute.algorithms.base.Algorithm.check_group`);
+    a group using an option needs the field it adds (amsgrad: ``max_exp_avg_sq``).
 
     Returns
     -------
     (step_count, param_steps, param_groups)
-        The checked values, groups decoded (``betas`` as a tuple).
+        The checked values, groups decoded (``betas`` as a tuple: the algorithm's pairs).
 
     Raises
     ------
@@ -145,27 +144,25 @@ def check_header(
     if not isinstance(param_groups, list) or not needed <= len(param_groups) <= MAX_PARAMS:
         count = len(param_groups) if isinstance(param_groups, list) else type(param_groups).__name__
         raise CorruptStateError(f"{where} has {count} param_groups; its parameters name {needed} ({fix})")
+    algorithm = layout.algorithm
     groups = []
     for gi, group in enumerate(param_groups):
         at = f"{where} param_groups[{gi}]"
         if not isinstance(group, dict):
             raise CorruptStateError(f"{at} is {type(group).__name__}, not an object ({fix})")
-        for key in ("lr", "eps", "weight_decay"):
-            if not _is_number(group.get(key)):
-                raise CorruptStateError(f"{at} has {key}={group.get(key)!r}; it must be a number ({fix})")
-        betas = group.get("betas")
-        if not (isinstance(betas, list) and len(betas) == 2 and all(_is_number(b) for b in betas)):
-            raise CorruptStateError(f"{at} has betas={betas!r}; it must be a pair of numbers ({fix})")
-        for key in ("amsgrad", "maximize"):
-            if key in group and not isinstance(group[key], bool):
-                raise CorruptStateError(f"{at} has {key}={group[key]!r}; it must be true or false ({fix})")
-        decoded = manifest_mod.decode_group(group)
+        problem = manifest_mod.saved_group_problem(group, algorithm)
+        if problem is not None:
+            key, value, expected = problem
+            value = None if value is manifest_mod.MISSING else value
+            raise CorruptStateError(f"{at} has {key}={value!r}; it must be {expected} ({fix})")
+        decoded = algorithm.decode_group(group)
         try:
-            check_hyper(decoded["lr"], decoded["betas"], decoded["eps"], decoded["weight_decay"], f" in {at}")
-        except ConfigError as exc:  # torch's AdamW would refuse the value: so does a load
+            algorithm.check_group(decoded, f" in {at}")
+        except (ConfigError, KeyError, TypeError, ValueError) as exc:  # the torch class would refuse it: so does a load
             raise CorruptStateError(f"{exc} ({fix})") from None
-        if decoded.get("amsgrad") and "max_exp_avg_sq" not in layout.fields:
-            raise CorruptStateError(f"{at} uses amsgrad but the state has no max_exp_avg_sq ({fix})")
+        for spec in algorithm.fields:
+            if spec.option is not None and spec.name not in layout.fields and algorithm.uses(decoded, spec.option):
+                raise CorruptStateError(f"{at} uses {spec.option} but the state has no {spec.name} ({fix})")
         groups.append(decoded)
     return step_count, steps, groups
 

@@ -26,6 +26,7 @@ import torch
 from zarr.codecs import Crc32cCodec
 
 from .._compute import formats
+from .._compute.algorithms import ADAMW
 from .._layout.layout import Layout
 from .._version import __version__
 from ._files import read_regular
@@ -33,6 +34,8 @@ from ._files import read_regular
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "COMPRESSED_VERSION",
+    "ALGORITHM_VERSION",
     "SCALES_SUFFIX",
     "CHECKSUMS",
     "MAX_METADATA_NBYTES",
@@ -42,10 +45,16 @@ __all__ = [
     "array_specs",
     "chunk_file_nbytes",
     "is_checkpoint",
+    "least_version",
+    "algorithm_attribute",
 ]
 
 FORMAT_NAME = "tierstore-checkpoint"
-FORMAT_VERSION = 2  # 2: compressed moments (written only for them; float32 checkpoints stay version 1)
+# 2: compressed moments (written only for them; float32 AdamW checkpoints stay version 1); 3: the state of an
+# optimizer algorithm other than AdamW, named by the "algorithm" attribute (AdamW checkpoints stay 1 or 2).
+FORMAT_VERSION = 3
+#: The format version each feature first needs (a checkpoint is written with the least that holds it).
+COMPRESSED_VERSION, ALGORITHM_VERSION = 2, 3
 SCALES_SUFFIX = "_scales"
 CHECKSUMS = ("xxh3", "crc32c", None)
 MAX_METADATA_NBYTES = 256 << 20  # 256 MiB: a zarr.json (the group's holds ~200 B per parameter)
@@ -90,7 +99,8 @@ class CheckpointHeader:
             }
         return {
             "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION if layout.encoded else 1,
+            "format_version": least_version(layout),
+            **algorithm_attribute(layout),
             **extra,
             "tierstore_version": __version__,
             "source": self.source,
@@ -105,6 +115,26 @@ class CheckpointHeader:
             "param_steps": [None if s is None else float(s) for s in self.param_steps],
             "params": index,
         }
+
+
+def least_version(layout: Layout) -> int:
+    """The format version a checkpoint of ``layout`` is written with: the least that holds it.
+
+    1 for AdamW in float32, :data:`COMPRESSED_VERSION` for compressed moments, :data:`ALGORITHM_VERSION`
+    for another optimizer algorithm (a tierstore that predates it says "upgrade" instead of "damaged").
+    """
+    if layout.algorithm.name != ADAMW.name:
+        return ALGORITHM_VERSION
+    return COMPRESSED_VERSION if layout.encoded else 1
+
+
+def algorithm_attribute(layout: Layout) -> dict[str, str]:
+    """The group attributes naming the state's optimizer algorithm: none for AdamW (its checkpoints keep
+    their bytes), else ``algorithm`` (the name its layout records) and ``torch_class`` (for plain zarr readers)."""
+    algorithm = layout.algorithm
+    if algorithm.name == ADAMW.name:
+        return {}
+    return {"algorithm": algorithm.name, "torch_class": algorithm.torch_class}
 
 
 def scales_name(layout: Layout, field: str) -> str:

@@ -94,7 +94,8 @@ class CloseTieredOptimizer(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
         opt = tiered_optimizer(optimizer)
         if opt is not None:
-            opt.close()
+            opt.close_for("CloseTieredOptimizer closed it when training ended (TieredTrainer adds it): build a new "
+                          "optimizer, or remove the callback with trainer.remove_callback(CloseTieredOptimizer)")  # fmt: skip
 
 
 class CheckTieredResume(TrainerCallback):

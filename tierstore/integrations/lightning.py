@@ -339,4 +339,5 @@ class TieredCheckpoints(pl.Callback):
         for optimizer in trainer.optimizers:
             tiered = tiered_optimizer(optimizer)
             if tiered is not None:
-                tiered.close()
+                tiered.close_for("TieredCheckpoints closed it when fit ended: pass TieredCheckpoints(close_at_end=False) "
+                                 "to keep it open, e.g. to save or fit again")  # fmt: skip

@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 from ...errors import ConfigError
 from .adamw import ADAMW
-from .base import Algorithm, FieldSpec
+from .base import FLAG, FLAG_OR_NULL, NUMBER, PAIR, Algorithm, FieldSpec
 
 #: Every registered algorithm by its name.
 ALGORITHMS = MappingProxyType({a.name: a for a in (ADAMW,)})
@@ -43,4 +43,4 @@ def algorithm_named(name: str | Algorithm) -> Algorithm:
     return found
 
 
-__all__ = ["ADAMW", "ALGORITHMS", "Algorithm", "FieldSpec", "algorithm_named"]
+__all__ = ["ADAMW", "ALGORITHMS", "Algorithm", "FieldSpec", "algorithm_named", "NUMBER", "PAIR", "FLAG", "FLAG_OR_NULL"]

@@ -30,7 +30,7 @@ from torch import Tensor
 from ..._platform import torch_private
 from .. import kernel
 from ..hyper import GroupHyper, check_hyper, scalar_betas
-from .base import Algorithm, FieldSpec
+from .base import FLAG, FLAG_OR_NULL, NUMBER, PAIR, Algorithm, FieldSpec
 
 
 class AdamW(Algorithm):
@@ -54,6 +54,14 @@ class AdamW(Algorithm):
         }
     )
     compiled = True
+    # The order a manifest and a checkpoint always checked them in (lr, eps, weight_decay, then betas).
+    group_kinds = MappingProxyType(
+        {
+            "lr": NUMBER, "eps": NUMBER, "weight_decay": NUMBER, "betas": PAIR,
+            "amsgrad": FLAG, "maximize": FLAG, "capturable": FLAG, "differentiable": FLAG,
+            "decoupled_weight_decay": FLAG, "foreach": FLAG_OR_NULL, "fused": FLAG_OR_NULL,
+        }
+    )  # fmt: skip
 
     def uses(self, group: Mapping[str, Any], option: str) -> bool:
         """``amsgrad`` is the one option, and adds ``max_exp_avg_sq``."""

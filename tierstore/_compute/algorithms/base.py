@@ -25,11 +25,17 @@ from __future__ import annotations
 
 from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from torch import Tensor
 
 from ...errors import ConfigError
+
+#: The kinds of value a hyperparameter takes in a saved param group (JSON: a manifest's, a checkpoint's),
+#: as :attr:`Algorithm.group_kinds` names them: a number and a pair of numbers must be there; a flag
+#: (``true``/``false``; the last kind: or ``null``) is checked where present.
+NUMBER, PAIR, FLAG, FLAG_OR_NULL = "number", "pair", "flag", "flag or null"
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,15 @@ class Algorithm:
     group_defaults: ClassVar[Mapping[str, Any]] = {}
     #: Whether tierstore's compiled update (:mod:`tierstore._compute.fused_update`) implements it.
     compiled: ClassVar[bool] = False
+    #: The hyperparameters a saved param group holds (a manifest's, a checkpoint's), each with its kind
+    #: (:data:`NUMBER`, :data:`PAIR`, :data:`FLAG`, :data:`FLAG_OR_NULL`), in the order a read-back group
+    #: is checked before :meth:`check_group`; keys it does not name (a user's own) are kept unchecked.
+    group_kinds: ClassVar[Mapping[str, str]] = MappingProxyType({})
+
+    @property
+    def label(self) -> str:
+        """The front and the name, as messages show an algorithm: ``"TieredAdamW (adamw)"``."""
+        return f"{self.front} ({self.name})"
 
     # -- fields ---------------------------------------------------------
     @property
@@ -167,6 +182,17 @@ class Algorithm:
         """
         for key, value in self.group_defaults.items():
             group.setdefault(key, value)
+
+    def decode_group(self, saved: Mapping[str, Any]) -> dict[str, Any]:
+        """A param group read back from JSON as torch keeps it: each :data:`PAIR` hyperparameter a tuple of floats.
+
+        ``saved`` was checked against :attr:`group_kinds` (JSON has no tuples: ``betas`` comes back a list).
+        """
+        group = dict(saved)
+        for key, kind in self.group_kinds.items():
+            if kind == PAIR and key in group:
+                group[key] = tuple(float(b) for b in group[key])
+        return group
 
     def loaded_step(self, entry: Mapping[str, Any]) -> float | None:
         """A parameter's step count from its entry in a loaded torch state dict (``None``: it took no step).
