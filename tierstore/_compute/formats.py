@@ -75,7 +75,7 @@ from torch import Tensor
 from ..errors import ConfigError
 
 __all__ = [
-    "ALIASES", "BLOCK_NUMEL", "BUCKETS", "BUCKET_SHIFT", "CAPACITY_MULTIPLE", "DEFAULT_FORMAT", "FIELDS",
+    "ALIASES", "BLOCK_NUMEL", "BUCKETS", "BUCKET_SHIFT", "CAPACITY_MULTIPLE", "CODED_FIELDS", "DEFAULT_FORMAT", "FIELDS",
     "FIELD_ALIGN", "FORMATS", "MASK32", "NONFINITE_CODE", "SIGNED_FIELDS", "MomentFormat", "RoundingKey",
     "check_field", "chunk_key", "int8_boundaries", "int8_map", "int8_tables", "kernel_tables", "map_kind",
     "moment_format", "nearest_codes", "random_bits_reference", "split",
@@ -85,11 +85,13 @@ BLOCK_NUMEL = 256  # elements per int8 scale: bitsandbytes' and torchao's block 
 FIELD_ALIGN = 4096  # bytes; every encoded field starts on a page (O_DIRECT)
 CAPACITY_MULTIPLE = 1024  # elements; shard capacities are multiples of this (layout.PAGE_NUMEL)
 NONFINITE_CODE = 255  # int8 code of a NaN/inf element; decodes to NaN
-FIELDS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+FIELDS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")  # AdamW's, in its order (the compiled update's)
+# Every field a moment format may store, across algorithms (each FieldSpec says compressible=True).
+CODED_FIELDS = (*FIELDS, "momentum_buffer")
 # Fields that may be negative, by name across every algorithm (each FieldSpec says signed=True;
 # tests/test_algorithms.py checks the two agree): an int8 code table then spans both signs.
 SIGNED_FIELDS = ("exp_avg", "momentum_buffer", "grad_avg")
-_FIELD_STREAM = {"exp_avg": 1, "exp_avg_sq": 2, "max_exp_avg_sq": 3}
+_FIELD_STREAM = {"exp_avg": 1, "exp_avg_sq": 2, "max_exp_avg_sq": 3, "momentum_buffer": 4}
 MASK32 = 0xFFFFFFFF
 BUCKET_SHIFT = 12  # int8 nearest: codes are looked up by the upper 32 - 12 = 20 bits of x / scale
 BUCKETS = 1 << (32 - BUCKET_SHIFT)
@@ -453,15 +455,15 @@ def random_bits_reference(key: RoundingKey, field: str, index: int) -> int:
 
 
 def check_field(field: str) -> str:
-    """``field`` if it is a moment field (:data:`FIELDS`).
+    """``field`` if it is a moment field (:data:`CODED_FIELDS`).
 
     Raises
     ------
     ConfigError
         If it is not.
     """
-    if field not in FIELDS:
-        raise ConfigError(f"field={field!r} is not a moment field; use one of {FIELDS}")
+    if field not in CODED_FIELDS:
+        raise ConfigError(f"field={field!r} is not a moment field; use one of {CODED_FIELDS}")
     return field
 
 

@@ -525,24 +525,53 @@ class Layout:
         sources: Mapping[int, Mapping[str, torch.Tensor]],
         *,
         copy: Callable[[torch.Tensor, torch.Tensor], object] | None = None,
+        init: Mapping[str, float] | None = None,
     ) -> None:
         """Zero the shard, then fill it from per-parameter flat tensors (``sources[param][field]``).
 
         Fields this layout does not hold are ignored; what no source covers
-        stays zero. ``copy(dst, src)`` moves each piece (default
-        ``dst.copy_(src)``; a source that lives in a file can be read
-        straight into ``dst``).
+        stays zero, except that a parameter's elements of a field it has no
+        source for take ``init[field]`` where given (the field's value before
+        a first step: :meth:`~tierstore._compute.algorithms.base.Algorithm.initial_values`).
+        ``copy(dst, src)`` moves each piece (default ``dst.copy_(src)``; a
+        source that lives in a file can be read straight into ``dst``).
         """
         flat.zero_()
         views = self.field_views(flat, shard)
+        starts = {f: v for f, v in (init or {}).items() if v != 0.0 and f in views}
         for seg in shard.segments:
-            for field, t in sources.get(seg.param, {}).items():
+            given = sources.get(seg.param, {})
+            for field, t in given.items():
                 if field in views:
                     dst, src = views[field][seg.shard_slice], t[seg.param_slice]
                     if copy is None:
                         dst.copy_(src)
                     else:
                         copy(dst, src)
+            for field, value in starts.items():
+                if field not in given:
+                    views[field][seg.shard_slice].fill_(value)
+
+    def fill_initial(self, shard: ShardSpec, flat: torch.Tensor, init: Mapping[str, float]) -> None:
+        """Set every parameter element of each field in ``init`` to its value, in a wide (fp32) buffer.
+
+        Padding between parameters is left as it is (zero in a fresh buffer),
+        as :meth:`copy_in` leaves it. Fields this layout does not hold are ignored.
+
+        Example
+        -------
+        >>> w = torch.zeros(3, requires_grad=True)
+        >>> layout = Layout.build([[w]], shard_numel=1024, fields=("exp_avg", "exp_avg_sq"))
+        >>> flat = torch.zeros(2 * 1024)
+        >>> layout.fill_initial(layout.shards[0], flat, {"exp_avg_sq": 0.5})
+        >>> flat[1024:1028].tolist()
+        [0.5, 0.5, 0.5, 0.0]
+        """
+        views = self.field_views(flat, shard)
+        for field, value in init.items():
+            if field in views:
+                for seg in shard.segments:
+                    views[field][seg.shard_slice].fill_(value)
 
     # -- identity -----------------------------------------------------
     def to_dict(self) -> dict:
@@ -618,7 +647,7 @@ class Layout:
                 hint = (f"; a state of the generic adapter resumes only with its class, passed again: "
                         f"tierstore.tiered({name.removeprefix(GENERIC_PREFIX)}, params, ..., resume=True)")  # fmt: skip
             raise ConfigError(f"layout algorithm={name!r} is not one of {sorted(ALGORITHMS)}{hint}")
-        fields = _field_list(data.get("fields"), (MASTER, *algorithm.field_names))
+        fields = _field_list(data.get("fields"), (MASTER, *algorithm.field_names), algorithm.fields_for(()))
         moment_dtype = data.get("moment_dtype", DEFAULT_FORMAT.name)
         if not isinstance(moment_dtype, str) or moment_dtype not in FORMATS:
             raise ConfigError(f"layout moment_dtype={moment_dtype!r} is not one of {sorted(FORMATS)}")
@@ -671,13 +700,20 @@ def _int(entry: Mapping[str, Any], key: str, where: str, *, lo: int, hi: int) ->
     return value
 
 
-def _field_list(fields: Any, order: tuple[str, ...]) -> tuple[str, ...]:
-    """``fields`` checked against ``order`` (``master`` and the algorithm's fields, in extent order)."""
-    if not isinstance(fields, list) or not fields or not all(isinstance(f, str) for f in fields):
-        raise ConfigError(f"layout fields={fields!r} must be a non-empty list of names from {order}")
+def _field_list(fields: Any, order: tuple[str, ...], always: tuple[str, ...]) -> tuple[str, ...]:
+    """``fields`` checked against ``order`` (``master`` and the algorithm's fields, in extent order)
+    and ``always`` (the fields its state always holds).
+
+    A list may be empty: a state of SGD without momentum and without masters holds no field.
+    """
+    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+        raise ConfigError(f"layout fields={fields!r} must be a list of names from {order}")
     canonical = tuple(f for f in order if f in fields)
     if tuple(fields) != canonical:
         raise ConfigError(f"layout fields={fields!r} must be distinct names from {order}, in that order")
+    missing = [f for f in always if f not in canonical]
+    if missing:
+        raise ConfigError(f"layout fields={fields!r} lack {missing}, which this algorithm's state always holds")
     return canonical
 
 

@@ -28,7 +28,7 @@ Example
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -78,12 +78,16 @@ def start(
     restore_params: bool,
     moment_dtype: str | MomentFormat | None = None,
     algorithm: Algorithm = ADAMW,
+    init: Mapping[str, float] | None = None,
 ) -> Started:
     """Lay the state out, open its store and bring it to its first (or resumed) commit.
 
     ``moment_dtype`` is the moments' format (``None``: ``"float32"``); ``ram_budget``
     is bytes or a share of the state's size (:func:`tierstore.sizes.budget_request`);
-    ``algorithm`` the optimizer's, whose fields the state holds.
+    ``algorithm`` the optimizer's, whose fields the state holds; ``init`` each
+    field's value in a fresh state (:meth:`~tierstore._compute.algorithms.base.Algorithm.initial_values`;
+    absent: zero). A fresh state of an :attr:`~tierstore._compute.algorithms.base.Algorithm.eager`
+    algorithm gives every parameter that holds state a step count of 0, as torch does.
 
     ``param_groups``, ``params`` and ``state`` are the optimizer's own
     objects (the runtime keeps them for the step bookkeeping). On failure the
@@ -115,7 +119,11 @@ def start(
         pipeline = ShardPipeline(store, prefetch_depth=knobs.prefetch_depth)
         runtime = Runtime(journal, store, pipeline, state=state, param_groups=param_groups, params=params)
         if journal.saved is None:
-            _fresh(runtime, layout, params)
+            if algorithm.eager:  # before the first commit, which records the counts
+                for p, meta in zip(params, layout.params):
+                    if meta.trainable or meta.numel == 0:
+                        state[p]["step"] = step_tensor(0.0)
+            _fresh(runtime, layout, params, init or {})
         else:
             _resume(runtime, layout, param_groups, params, state, restore_params=restore_params and spec.master)
     except BaseException:
@@ -202,15 +210,29 @@ def _share_bytes(
     return resolve_budget(share, state_bytes=int(numel * spec.stored_bytes_per_element))
 
 
-def _fresh(runtime: Runtime, layout: Layout, params: Sequence[Tensor]) -> None:
-    """Zero every shard, seed masters from the parameters, and commit (both copies when durable).
+def _fresh(runtime: Runtime, layout: Layout, params: Sequence[Tensor], init: Mapping[str, float]) -> None:
+    """Zero every shard, give fields their initial values, seed masters from the parameters, and commit
+    (both copies when durable).
 
-    Zero bytes are zero moments in every format (int8: zero scales).
+    Zero bytes are zero moments in every format (int8: zero scales), so only
+    a field that starts elsewhere (Adagrad's ``sum``) is written: in place
+    when stored as fp32, through the format's encoder otherwise.
     """
     seed = master_sync(layout, params, to_params=lambda i: False)
+    starts = {f: v for f, v in init.items() if v != 0.0 and f in layout.fields}
+    encode = layout.encoded and any(f in layout.encoded_fields for f in starts)
 
     def fill(shard: ShardSpec, flat: Tensor) -> None:
         flat.zero_()
+        if encode:
+            wide = runtime.store.scratch_buffer()[: layout.wide_nbytes(shard) // 4].zero_()
+            layout.fill_initial(shard, wide, starts)
+            layout.encode_shard(shard, wide, flat)
+        else:
+            for field, value in starts.items():
+                view = layout.stored_fp32(flat, shard, field)
+                for seg in shard.segments:
+                    view[seg.shard_slice].fill_(value)
         seed(shard, flat)
 
     runtime.store.open()

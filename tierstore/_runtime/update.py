@@ -85,6 +85,7 @@ class ActiveParam:
     step: Tensor  # the parameter's step count after this step, what the AdamW kernel reads; it becomes torch's
     # per-parameter state["step"] only once the step succeeded (ShardUpdate.publish_steps)
     grad_cuda: bool = False  # the gradient lives on a GPU (it comes down through staging)
+    advances: bool = True  # the step moves the count (Algorithm.advances); if not, `step` is the count as it was
 
 
 class _Cut(NamedTuple):
@@ -105,11 +106,14 @@ def gather(
     state: MutableMapping[Tensor, dict],
     *,
     grads: Mapping[int, Tensor] | None = None,
+    advancing: Sequence[bool] | None = None,
 ) -> dict[int, ActiveParam]:
     """Check ``params`` against ``layout`` and collect those with a gradient.
 
     ``grads`` replaces ``param.grad`` (by position) when gradients were moved
-    off the parameters (:mod:`tierstore._runtime.grad_offload`). ``state`` is only
+    off the parameters (:mod:`tierstore._runtime.grad_offload`). ``advancing[g]``
+    says whether a step of param group ``g`` moves its parameters' step counts
+    (:meth:`~tierstore._compute.algorithms.base.Algorithm.advances`; default: every group's does). ``state`` is only
     read: each parameter's step count after this step is a new tensor
     (:attr:`ActiveParam.step`), which the caller publishes once the step
     succeeded, so a step that fails leaves every count where it was.
@@ -156,6 +160,7 @@ def gather(
             raise ParamsChangedError(f"the gradient of parameter {i} has shape {tuple(g.shape)}, expected {entry.shape}")
         st = state.get(p)
         before = st.get("step") if st else None
+        advances = advancing is None or advancing[entry.group]
         flat = g.reshape(-1)
         if not flat.is_contiguous() and flat.device.type == "cpu":
             # A strided CPU gradient (a step slice, a zero-stride expand): the kernels read dense
@@ -167,8 +172,9 @@ def gather(
             grad=flat,
             staged=local.device.type == "cuda" or g.dtype != torch.float32 or g.device.type != "cpu",
             cuda=local.device.type == "cuda",
-            step=step_tensor(float(before) if before is not None else 0.0).add_(1),  # fp32, as torch adds
+            step=step_tensor(float(before) if before is not None else 0.0).add_(1 if advances else 0),  # fp32, as torch adds
             grad_cuda=g.device.type == "cuda",
+            advances=advances,
         )
     return active
 
@@ -265,10 +271,13 @@ class ShardUpdate:
 
         A step tensor already there is incremented in place, as torch's AdamW
         increments its own (to the value the AdamW kernel used); a count kept as a
-        number, or none yet, becomes this step's tensor.
+        number, or none yet, becomes this step's tensor. Counts of groups that do
+        not advance (:attr:`ActiveParam.advances`) stay as they are.
         """
         in_place = []
         for i, a in self.active.items():
+            if not a.advances:
+                continue  # a step that moves no count (Algorithm.advances)
             st = state[params[i]]
             current = st.get("step")
             if isinstance(current, Tensor) and current.dtype == torch.float32 and current.dim() == 0:
@@ -367,6 +376,8 @@ class ShardUpdate:
         scratch = self.scratch()
         per_worker = chunk * (len(fields) + 1)
         bn = fmt.block_numel or 1
+        # Fields no format may store (Adagrad's sum) stay fp32 in the extent: the kernel updates them in place.
+        plain = {f: layout.stored_fp32(extent, shard, f) for f in layout.fields if f != "master" and f not in fields}
 
         def one(worker: int, span: tuple[int, int]) -> None:
             lo, hi = span
@@ -374,6 +385,7 @@ class ShardUpdate:
             base = worker * per_worker
             temp = scratch[base + len(fields) * chunk : base + len(fields) * chunk + n]
             moments = {f: scratch[base + k * chunk : base + k * chunk + n] for k, f in enumerate(fields)}
+            moments.update({f: values[lo:hi] for f, values in plain.items()})
             for f in fields:
                 codes, scales = stored[f]
                 blocks = None if scales is None else scales[lo // bn : -(-hi // bn)]

@@ -46,7 +46,9 @@ class FieldSpec:
     dict (``exp_avg``, ``momentum_buffer``, ``sum``). ``option`` is the group
     option that adds the field (``"amsgrad"``); ``None``: the state always
     holds it. ``init`` is its value before the first update: a number, or the
-    name of the constructor argument that gives it. ``compressible``: a
+    name of the constructor argument that gives it (:meth:`Algorithm.initial_values`);
+    a fresh state holds it, and so does a parameter that a loaded state dict
+    gives no value for the field. ``compressible``: a
     compressed moment format (bfloat16, int8) may store it; ``signed``: its
     values may be negative (an int8 code table then spans both signs;
     :data:`tierstore._compute.formats.SIGNED_FIELDS` lists such fields by name).
@@ -90,6 +92,10 @@ class Algorithm:
     group_defaults: ClassVar[Mapping[str, Any]] = {}
     #: Whether tierstore's compiled update (:mod:`tierstore._compute.fused_update`) implements it.
     compiled: ClassVar[bool] = False
+    #: Whether torch creates every parameter's state when the optimizer is built (``torch.optim.Adagrad``:
+    #: ``step`` 0 and each field at its initial value), so its state dict lists every parameter from the
+    #: start. Otherwise a parameter's state appears at its first step, as in AdamW.
+    eager: ClassVar[bool] = False
     #: The hyperparameters a saved param group holds (a manifest's, a checkpoint's), each with its kind
     #: (:data:`NUMBER`, :data:`PAIR`, :data:`FLAG`, :data:`FLAG_OR_NULL`), in the order a read-back group
     #: is checked before :meth:`check_group`; keys it does not name (a user's own) are kept unchecked.
@@ -202,8 +208,30 @@ class Algorithm:
         return float(entry["step"]) if "step" in entry else None
 
     def advances(self, group: Mapping[str, Any]) -> bool:
-        """Whether a step of ``group`` moves a parameter's step count (torch: every step)."""
+        """Whether a step of ``group`` moves a parameter's step count (torch: every step).
+
+        A step of a group that does not advance updates its parameters but
+        leaves their counts (and so whether their next step is their first)
+        as they were: SGD counts only steps with momentum, the ones that
+        touch its lazy ``momentum_buffer``.
+        """
         return True
+
+    def initial_values(self, defaults: Mapping[str, Any]) -> dict[str, float]:
+        """Each field's value before a parameter's first step, by field name.
+
+        ``defaults`` are the constructor's hyperparameters as torch keeps them
+        (``optimizer.defaults``); a :attr:`FieldSpec.init` that names one of
+        them takes its value there (torch reads ``initial_accumulator_value``
+        from the constructor's defaults, whatever a param group says).
+
+        Example
+        -------
+        >>> from tierstore._compute.algorithms import ADAMW
+        >>> ADAMW.initial_values({})
+        {'exp_avg': 0.0, 'exp_avg_sq': 0.0, 'max_exp_avg_sq': 0.0}
+        """
+        return {f.name: float(defaults[f.init] if isinstance(f.init, str) else f.init) for f in self.fields}
 
     # -- the update ---------------------------------------------------
     def snapshot(self, group: Mapping[str, Any], fields: Collection[str]) -> Any:
