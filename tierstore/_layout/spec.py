@@ -106,7 +106,8 @@ def decide(
     Raises
     ------
     ConfigError
-        For an unknown ``moment_dtype``.
+        For an unknown ``moment_dtype``, or one the algorithm refuses with these
+        options (:meth:`~tierstore._compute.algorithms.base.Algorithm.check_format`).
     """
     fmt = layout_format(moment_dtype)
     dtypes = set(dtypes)
@@ -118,6 +119,8 @@ def decide(
         master = master or (keep_master is None and MASTER in saved.fields)
         options |= {f.option for f in algorithm.fields if f.option is not None and f.name in saved.fields}
     fields = state_fields(algorithm, options, master=master)
+    if not fmt.exact:
+        algorithm.check_format(options, fmt.name)  # fields that may not be compressed together (centered RMSprop)
     encoded = _encoded(algorithm, fields)
     staged = low_precision or cuda
     staging = CUDA_STAGING_BUFFERS if cuda else (1 if staged else 0)

@@ -77,13 +77,31 @@ def param_steps(state: Mapping[Any, Mapping[str, Any]], params: Sequence[Tensor]
     return steps
 
 
-def reset_param_steps(state: dict[Any, dict[str, Any]], params: Sequence[Tensor], steps: Mapping[int, float]) -> None:
-    """Give each parameter whose position is in ``steps`` that step count; the others have no state."""
+def reset_param_steps(
+    state: dict[Any, dict[str, Any]],
+    params: Sequence[Tensor],
+    steps: Mapping[int, float],
+    scalars: Mapping[int, Mapping[str, Tensor]] | None = None,
+) -> None:
+    """Give each parameter whose position is in ``steps`` that step count; the others have no state.
+
+    ``scalars[i]``: parameter ``i``'s other per-parameter scalars (NAdam's ``mu_product``), kept beside its step.
+    """
     for i, p in enumerate(params):
         if i in steps:
-            state[p] = {"step": step_tensor(steps[i])}
+            state[p] = {"step": step_tensor(steps[i]), **(scalars or {}).get(i, {})}
         else:
             state.pop(p, None)
+
+
+def param_scalars(state: Mapping[Any, Mapping[str, Any]], params: Sequence[Tensor], names: Collection[str]) -> list[dict[str, Tensor]]:
+    """Each parameter's scalars called ``names`` (an algorithm's :attr:`~tierstore._compute.algorithms.base.Algorithm.scalar_inits`),
+    from an optimizer's ``state``; a parameter without them has an empty dict."""
+    out = []
+    for p in params:
+        st = state.get(p) or {}
+        out.append({n: st[n] for n in names if isinstance(st.get(n), Tensor)})
+    return out
 
 
 def restore_groups(
@@ -271,6 +289,7 @@ def empty_state_dict(
     *,
     has_master: Sequence[bool] | None = None,
     keys: Mapping[int, int] | None = None,
+    scalars: Sequence[Mapping[str, Tensor]] | None = None,
 ) -> tuple[dict[str, Any], dict[int, dict[str, Tensor]]]:
     """A torch AdamW state dict with a tensor allocated for every field, and their flat views.
 
@@ -282,9 +301,23 @@ def empty_state_dict(
     option (amsgrad), ``step`` only where the algorithm keeps one, ``master_param`` to those for which
     ``has_master`` is true (default: all, when the layout keeps masters).
     The flat views, ``flats[param][field]``, are what
-    :meth:`~tierstore._layout.layout.Layout.copy_out` fills.
+    :meth:`~tierstore._layout.layout.Layout.copy_out` fills. ``scalars[i]``
+    holds parameter ``i``'s other per-parameter scalars (:func:`param_scalars`),
+    which an algorithm with :attr:`~tierstore._compute.algorithms.base.Algorithm.scalar_inits` needs.
+
+    Raises
+    ------
+    ConfigError
+        If the algorithm keeps per-parameter scalars and ``scalars`` is not given
+        (a state directory or checkpoint records step counts only).
     """
     algorithm = layout.algorithm
+    if algorithm.scalar_inits and scalars is None:
+        raise ConfigError(
+            f"{algorithm.front}'s state keeps a per-parameter {' and '.join(algorithm.scalar_inits)} that this source "
+            "does not record (state directories and checkpoints record step counts only); save the optimizer's "
+            "state_dict() instead"
+        )
     state: dict[int, dict[str, Tensor]] = {}
     flats: dict[int, dict[str, Tensor]] = {}
     for p in layout.params:
@@ -292,6 +325,8 @@ def empty_state_dict(
         if not has_state(layout, p.index, step):
             continue
         entry = {"step": step_tensor(step)} if "step" in algorithm.state_scalars else {}
+        for name in algorithm.scalar_inits:
+            entry[name] = scalars[p.index][name].clone()
         flat = {}
         for field in layout.fields:
             option = None if field == MASTER else algorithm.field(field).option
@@ -319,7 +354,7 @@ def empty_state_dict(
 
 def _in_torch_key_order(entry: dict[str, Tensor], layout: Layout) -> dict[str, Tensor]:
     """``entry``'s keys as torch orders a state: ``step``, then the fields (``master_param``, tierstore's, last)."""
-    order = ["step", *(layout.state_key(f) for f in layout.field_order if f != MASTER), MASTER_KEY]
+    order = ["step", *layout.algorithm.scalar_inits, *(layout.state_key(f) for f in layout.field_order if f != MASTER), MASTER_KEY]
     return {k: entry[k] for k in order if k in entry}
 
 
@@ -465,7 +500,7 @@ def incoming_state(
                 )
         # A parameter that has taken a step has both moments: a missing one is never made up as zeros
         # (torch.optim.AdamW fails at its next step on such a state; this fails before loading anything).
-        required = map(layout.state_key, algorithm.required_fields())
+        required = [*algorithm.scalar_inits, *map(layout.state_key, algorithm.required_fields())]
         missing = [key for key in required if "step" in entry and key not in entry]
         if missing:
             raise ConfigError(

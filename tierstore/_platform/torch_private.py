@@ -12,6 +12,7 @@ its replacement used.
 |---|---|---|
 | ``torch.backends.cpu.get_cpu_capability`` | the compiled update's recipe | ``"unknown"``: the torch path runs |
 | ``torch._fused_adamw_`` | the update (:mod:`tierstore._compute.kernel`) | ``ConfigError`` when the optimizer is built |
+| ``torch.optim.<name>._single_tensor_<name>``, ``._multi_tensor_<name>`` | the updates of RMSprop, Adamax, NAdam, RAdam, Adadelta | ``ConfigError`` when the optimizer is built |
 | ``torch._disable_dynamo`` | ``step``/``state_dict`` never traced | the function runs unwrapped |
 | ``threading._register_atexit`` | closing optimizers at exit before thread pools stop | ``atexit.register`` |
 | ``torch._foreach_add_`` | step counts | a loop of ``add_`` |
@@ -93,6 +94,36 @@ def fused_adamw_kernel() -> Callable[..., Any]:
     if kernel is None:
         raise _missing("torch._fused_adamw_ (its fused AdamW kernel)", "install torch 2.13")
     return kernel
+
+
+def optim_kernel(module: str, name: str) -> Callable[..., Any]:
+    """``torch.optim.<module>.<name>``: one of torch's functional optimizer implementations.
+
+    The single-tensor and foreach ones (``_single_tensor_rmsprop``,
+    ``_multi_tensor_rmsprop``, ...) are called directly: the public
+    ``torch.optim.rmsprop.rmsprop`` is wrapped in ``torch._disable_dynamo``,
+    whose first call imports ``torch._dynamo`` (70 MiB of RSS). There is no
+    fallback: another implementation would not give torch's bits.
+
+    Raises
+    ------
+    ConfigError
+        Where this torch has no such function.
+
+    Example
+    -------
+    >>> optim_kernel("rmsprop", "_single_tensor_rmsprop").__name__
+    '_single_tensor_rmsprop'
+    """
+    import importlib
+
+    try:
+        found = getattr(importlib.import_module(f"torch.optim.{module}"), name, None)
+    except ImportError:
+        found = None
+    if not callable(found):
+        raise _missing(f"torch.optim.{module}.{name} (its functional {module} implementation)", "install torch 2.13")
+    return found
 
 
 def foreach_add_(tensors: Sequence[Tensor], value: float) -> None:

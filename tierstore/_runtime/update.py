@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -85,6 +85,10 @@ class ActiveParam:
     step: Tensor  # the parameter's step count after this step, what the AdamW kernel reads; it becomes torch's
     # per-parameter state["step"] only once the step succeeded (ShardUpdate.publish_steps)
     grad_cuda: bool = False  # the gradient lives on a GPU (it comes down through staging)
+    # The algorithm's per-parameter scalars besides step (Algorithm.scalar_inits) as the step starts, and
+    # after it (ShardUpdate computes those once; they become the parameter's state with its step count).
+    scalars: dict[str, Tensor] = field(default_factory=dict)
+    advanced: dict[str, Tensor] = field(default_factory=dict)
     advances: bool = True  # the step moves the count (Algorithm.advances); if not, `step` is the count as it was
 
 
@@ -127,6 +131,7 @@ def gather(
         For a sparse gradient.
     """
     active: dict[int, ActiveParam] = {}
+    scalar_inits = layout.algorithm.scalar_inits
     for i, (p, entry) in enumerate(zip(params, layout.params)):
         grad = p.grad if grads is None else grads.get(i)
         if grad is None:
@@ -161,6 +166,7 @@ def gather(
         st = state.get(p)
         before = st.get("step") if st else None
         advances = advancing is None or advancing[entry.group]
+        scalars = {name: _scalar(st.get(name) if st else None, init) for name, init in scalar_inits.items()}
         flat = g.reshape(-1)
         if not flat.is_contiguous() and flat.device.type == "cpu":
             # A strided CPU gradient (a step slice, a zero-stride expand): the kernels read dense
@@ -174,9 +180,30 @@ def gather(
             cuda=local.device.type == "cuda",
             step=step_tensor(float(before) if before is not None else 0.0).add_(1 if advances else 0),  # fp32, as torch adds
             grad_cuda=g.device.type == "cuda",
+            scalars=scalars,
             advances=advances,
         )
     return active
+
+
+def _scalar(value: Any, init: float) -> Tensor:
+    """A per-parameter scalar as the update reads it: the state's 0-d tensor, else ``init`` as torch creates it."""
+    if isinstance(value, Tensor):
+        return value
+    # torch.optim's _get_scalar_dtype(): float64 only where that is the default dtype
+    dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+    return torch.tensor(float(init) if value is None else float(value), dtype=dtype)
+
+
+def _publish_scalars(entry: dict[str, Any], values: Mapping[str, Tensor]) -> None:
+    """Make ``values`` a parameter's scalars: a tensor of the same dtype already there takes them in
+    place (torch updates its own in place), anything else is replaced."""
+    for name, value in values.items():
+        current = entry.get(name)
+        if isinstance(current, Tensor) and current.dtype == value.dtype and current.dim() == 0 and current is not value:
+            current.copy_(value)
+        else:
+            entry[name] = value
 
 
 class UploadBuffers:
@@ -265,6 +292,10 @@ class ShardUpdate:
         self.upload_event: Any = None  # the CUDA event of the last shard's parameter uploads
         self.ready: Any = None  # a CUDA event: the gradients and parameters are final (set behind the loop)
         self._constants: dict[int, bytes] = {}  # the fused kernel's constants per parameter, this step
+        algorithm = layout.algorithm
+        for a in active.values():  # once per parameter and step, not per piece
+            if a.scalars:
+                a.advanced = algorithm.advance_scalars(a.scalars, a.step, hypers[a.group]) if a.advances else a.scalars
 
     def publish_steps(self, state: MutableMapping[Tensor, dict], params: Sequence[Tensor]) -> None:
         """Make this step's counts the parameters' ``state[p]["step"]``: call once the step succeeded.
@@ -276,6 +307,7 @@ class ShardUpdate:
         """
         in_place = []
         for i, a in self.active.items():
+            _publish_scalars(state[params[i]], a.advanced)
             if not a.advances:
                 continue  # a step that moves no count (Algorithm.advances)
             st = state[params[i]]
@@ -324,23 +356,28 @@ class ShardUpdate:
         their pieces of the updated master (while it is in the cache).
         """
         algorithm = self.layout.algorithm
+        names = tuple(algorithm.scalar_inits)
         # One kernel call per param group (and whatever else the algorithm's kernel needs its pieces to share).
         buckets: dict[Any, tuple[list[Tensor], list[Tensor], dict[str, list[Tensor]], list[Tensor]]] = {}
+        scalars: dict[Any, dict[str, list[Tensor]]] = {}
         outs: list[tuple[Tensor, Tensor]] = []
         for cut in self._cuts(work, staging, master, lo, hi):
             a, s0, s1 = cut.active, cut.s0, cut.s1
             if params_out and master is not None and not a.cuda:
                 outs.append((cut.param, cut.target))
-            targets, grads, fields, steps = buckets.setdefault(
-                (a.group, algorithm.bucket(float(a.step))), ([], [], {f: [] for f in moments}, [])
-            )
+            key = (a.group, algorithm.bucket(float(a.step)))
+            targets, grads, fields, steps = buckets.setdefault(key, ([], [], {f: [] for f in moments}, []))
+            for name in names:
+                scalars.setdefault(key, {n: [] for n in names})[name].append(a.scalars[name])
             targets.append(cut.target)
             grads.append(cut.grad)
             for f, values in moments.items():
                 fields[f].append(values[s0 - lo : s1 - lo])
             steps.append(a.step)
-        for (group, _), (targets, grads, fields, steps) in buckets.items():
-            algorithm.update(targets, grads, fields, steps, self.hypers[group])
+        for key, (targets, grads, fields, steps) in buckets.items():
+            # Only an algorithm with scalars besides step takes them (Algorithm.update).
+            extra = {"scalars": scalars[key]} if names else {}
+            algorithm.update(targets, grads, fields, steps, self.hypers[key[0]], **extra)
         for param, value in outs:
             param.copy_(value)
 

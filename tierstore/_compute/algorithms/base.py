@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor
 
 from ...errors import ConfigError
@@ -87,6 +88,13 @@ class Algorithm:
     fields: ClassVar[tuple[FieldSpec, ...]]
     #: Keys of a parameter's torch state besides the fields (tierstore keeps them as step counts).
     state_scalars: ClassVar[tuple[str, ...]] = ("step",)
+    #: The per-parameter scalars of :attr:`state_scalars` besides ``step``, each with its value before a
+    #: parameter's first step (NAdam: ``{"mu_product": 1.0}``). The engine keeps them in the parameter's
+    #: ``optimizer.state`` entry as 0-d tensors, advances them once per parameter and step
+    #: (:meth:`advance_scalars`), hands :meth:`update` their values as the step starts, and carries them
+    #: through torch state dicts. Note: state directories, checkpoints and DCP record step counts
+    #: only, so an optimizer whose algorithm has such scalars refuses them (it would drop the scalars).
+    scalar_inits: ClassVar[Mapping[str, float]] = {}
     #: Group keys of the torch class that the front does not use, with the values that describe what
     #: it does, so state dicts load into either optimizer.
     group_defaults: ClassVar[Mapping[str, Any]] = {}
@@ -162,6 +170,20 @@ class Algorithm:
                     )
 
     # -- hyperparameters ----------------------------------------------
+    def check_format(self, options: Collection[str], format_name: str) -> None:
+        """Refuse a compressed moment format (``format_name``: ``"bfloat16"``, ``"int8"``) that the
+        state's fields cannot take with ``options`` in use (the base takes every format).
+
+        :attr:`FieldSpec.compressible` says per field whether a format may store it; this says
+        when fields that each may be stored compressed must not be together (centered RMSprop
+        subtracts ``grad_avg**2`` from ``square_avg``: rounding either can make it negative).
+
+        Raises
+        ------
+        ConfigError
+            Naming the option, the format and the fix.
+        """
+
     def check_group(self, group: Mapping[str, Any], where: str = "") -> None:
         """Refuse the hyperparameters ``torch_class`` refuses, in its order, with its messages plus the fix.
 
@@ -199,6 +221,18 @@ class Algorithm:
             if kind == PAIR and key in group:
                 group[key] = tuple(float(b) for b in group[key])
         return group
+
+    def loaded_scalars(self, entry: Mapping[str, Any]) -> dict[str, Tensor]:
+        """The :attr:`scalar_inits` scalars of a parameter's entry in a loaded torch state dict, as fp32 0-d tensors.
+
+        As ``torch.optim.Optimizer.load_state_dict`` casts them for an fp32 parameter; absent ones are left out.
+        """
+        out = {}
+        for name in self.scalar_inits:
+            if name in entry:
+                value = entry[name]
+                out[name] = (value.detach().clone() if isinstance(value, Tensor) else torch.tensor(value)).to(torch.float32)
+        return out
 
     def loaded_step(self, entry: Mapping[str, Any]) -> float | None:
         """A parameter's step count from its entry in a loaded torch state dict (``None``: it took no step).
@@ -254,6 +288,16 @@ class Algorithm:
         """
         return None
 
+    def advance_scalars(self, scalars: Mapping[str, Tensor], step: Tensor, hyper: Any) -> dict[str, Tensor]:
+        """A parameter's :attr:`scalar_inits` scalars after this step, computed as torch computes them.
+
+        ``scalars`` hold their values as the step starts (not to be modified),
+        ``step`` the parameter's count after it, ``hyper`` its group's
+        :meth:`snapshot`. Called once per parameter and step; the results become
+        the parameter's state once the step succeeded. The base has no such scalars.
+        """
+        return {}
+
     def update(
         self,
         targets: list[Tensor],
@@ -268,7 +312,10 @@ class Algorithm:
         ``steps`` are the parameters' step counts after this step (already
         incremented, one tensor per parameter, shared by its pieces). All are
         fp32 CPU tensors; pieces start at multiples of the SIMD width, so the
-        result equals the update of whole tensors bit for bit.
+        result equals the update of whole tensors bit for bit. An algorithm
+        with :attr:`scalar_inits` is also passed ``scalars``: ``scalars[name]``
+        holds each piece's value of that scalar as the step starts (a tensor
+        shared by a parameter's pieces: read it, never modify it).
         """
         raise NotImplementedError
 
