@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -130,8 +132,9 @@ def test_adamw_update_on_pieces_is_the_kernel_on_whole_tensors(amsgrad: bool) ->
 
 
 def test_an_unknown_algorithm_is_refused_with_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match=r"unknown optimizer algorithm 'lion'; tierstore knows \['adamw'\]"):
-        algorithm_named("lion")
+    known = re.escape(str(sorted(ALGORITHMS)))
+    with pytest.raises(ConfigError, match=rf"unknown optimizer algorithm 'lamb'; tierstore knows {known}"):
+        algorithm_named("lamb")
     assert isinstance(ADAMW, Algorithm) and algorithm_named(ADAMW) is ADAMW
 
 

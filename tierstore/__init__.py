@@ -47,6 +47,7 @@ from .sizes import format_size, parse_size
 
 if TYPE_CHECKING:
     from .diagnose import diagnose
+    from .fronts import TieredAdadelta, TieredAdamax, TieredNAdam, TieredRAdam, TieredRMSprop
     from .optimizer import TieredAdamW
 
 _moved.install()
@@ -69,7 +70,12 @@ __all__ = [
     "StateDirInUseError",
     "StateExistsError",
     "StepFailedError",
+    "TieredAdadelta",
     "TieredAdamW",
+    "TieredAdamax",
+    "TieredNAdam",
+    "TieredRAdam",
+    "TieredRMSprop",
     "TierstoreError",
     "__version__",
     "diagnose",
@@ -77,7 +83,15 @@ __all__ = [
     "parse_size",
 ]
 
-_LAZY = {"TieredAdamW": ("optimizer", "TieredAdamW"), "diagnose": ("diagnose", "diagnose")}
+_LAZY = {
+    "TieredAdamW": ("optimizer", "TieredAdamW"),
+    "TieredRMSprop": ("fronts", "TieredRMSprop"),
+    "TieredAdamax": ("fronts", "TieredAdamax"),
+    "TieredNAdam": ("fronts", "TieredNAdam"),
+    "TieredRAdam": ("fronts", "TieredRAdam"),
+    "TieredAdadelta": ("fronts", "TieredAdadelta"),
+    "diagnose": ("diagnose", "diagnose"),
+}
 
 
 def __getattr__(name: str) -> Any:

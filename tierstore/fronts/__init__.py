@@ -8,4 +8,10 @@ with its torch class's constructor and one registered algorithm
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from .adadelta import TieredAdadelta
+from .adamax import TieredAdamax
+from .nadam import TieredNAdam
+from .radam import TieredRAdam
+from .rmsprop import TieredRMSprop
+
+__all__: list[str] = ["TieredAdadelta", "TieredAdamax", "TieredNAdam", "TieredRAdam", "TieredRMSprop"]

@@ -12,7 +12,7 @@ True
 >>> algorithm_named("lamb")
 Traceback (most recent call last):
 ...
-tierstore.errors.ConfigError: unknown optimizer algorithm 'lamb'; tierstore knows ['adamw']
+tierstore.errors.ConfigError: unknown optimizer algorithm 'lamb'; tierstore knows ['adadelta', 'adamax', 'adamw', 'nadam', 'radam', 'rmsprop']
 """
 
 from __future__ import annotations
@@ -20,11 +20,16 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from ...errors import ConfigError
+from .adadelta import ADADELTA
+from .adamax import ADAMAX
 from .adamw import ADAMW
 from .base import FLAG, FLAG_OR_NULL, NUMBER, PAIR, Algorithm, FieldSpec
+from .nadam import NADAM
+from .radam import RADAM
+from .rmsprop import RMSPROP
 
 #: Every registered algorithm by its name.
-ALGORITHMS = MappingProxyType({a.name: a for a in (ADAMW,)})
+ALGORITHMS = MappingProxyType({a.name: a for a in (ADAMW, RMSPROP, ADAMAX, NADAM, RADAM, ADADELTA)})
 
 
 def algorithm_named(name: str | Algorithm) -> Algorithm:
@@ -43,4 +48,5 @@ def algorithm_named(name: str | Algorithm) -> Algorithm:
     return found
 
 
-__all__ = ["ADAMW", "ALGORITHMS", "Algorithm", "FieldSpec", "algorithm_named", "NUMBER", "PAIR", "FLAG", "FLAG_OR_NULL"]
+__all__ = ["ADAMW", "ALGORITHMS", "Algorithm", "FieldSpec", "algorithm_named", "NUMBER", "PAIR", "FLAG", "FLAG_OR_NULL",
+           "ADADELTA", "ADAMAX", "NADAM", "RADAM", "RMSPROP"]  # fmt: skip
