@@ -47,7 +47,7 @@ from .sizes import format_size, parse_size
 
 if TYPE_CHECKING:
     from .diagnose import diagnose
-    from .fronts import TieredAdadelta, TieredAdamax, TieredNAdam, TieredRAdam, TieredRMSprop
+    from .fronts import TieredAdadelta, TieredAdamax, TieredLion, TieredNAdam, TieredRAdam, TieredRMSprop
     from .optimizer import TieredAdamW
 
 _moved.install()
@@ -73,6 +73,7 @@ __all__ = [
     "TieredAdadelta",
     "TieredAdamW",
     "TieredAdamax",
+    "TieredLion",
     "TieredNAdam",
     "TieredRAdam",
     "TieredRMSprop",
@@ -90,6 +91,7 @@ _LAZY = {
     "TieredNAdam": ("fronts", "TieredNAdam"),
     "TieredRAdam": ("fronts", "TieredRAdam"),
     "TieredAdadelta": ("fronts", "TieredAdadelta"),
+    "TieredLion": ("fronts", "TieredLion"),
     "diagnose": ("diagnose", "diagnose"),
 }
 

@@ -27,6 +27,15 @@
  *    every piece and checks it against torch._fused_adamw_ at load; a format
  *    whose bits differ anywhere does not use this kernel.
  *
+ * 3. Lion's update on fp32 pieces (ts_lion), one pass over each element:
+ *    lion-pytorch's update_fn (p *= 1 - lr * wd; u = sign(m * beta1 + g * (1 - beta1));
+ *    p += u * -lr; m = m * beta2 + g * (1 - beta2)), seven torch ops and two
+ *    temporaries there. Its multiply-adds are torch's add(..., alpha=), which
+ *    the AVX2 and AVX512 builds compute as one FMA and DEFAULT as two
+ *    roundings (LION_UNFUSED); sign(NaN) and sign(0) are +0, as torch's sgn.
+ *    tierstore/_compute/lion_kernel.py checks it against those torch ops once
+ *    per process and keeps the torch ops where any bit differs.
+ *
  * Only exactly rounded IEEE operations (+ - * / sqrt, fmaf) and integer ones,
  * in a fixed order: any vector width gives the same bits. Build with
  * -ffp-contract=off (no FMA the source does not write) and never with
@@ -47,7 +56,7 @@
 #endif
 
 #define MAX_BLOCK 4096 /* elements per block this file accepts (the caller checks) */
-#define ABI_VERSION 4
+#define ABI_VERSION 5
 
 /* One build runs everywhere: each entry point has an AVX2+FMA variant, picked
  * at run time where the CPU has both, and a baseline variant. */
@@ -393,6 +402,49 @@ INLINE void update_body(int format, int64_t n, int64_t bn, const ts_field *field
 #endif
 }
 
+/* ---- Lion ------------------------------------------------------------------------- */
+
+/* One fp32 piece of Lion's update (56 bytes; lion_kernel.PIECE packs it): the constants are
+ * float(...) of lion-pytorch's Python scalars, as torch converts them. */
+typedef struct {
+    float *p;        /* the parameter (or its fp32 master), updated in place */
+    const float *g;  /* the gradient */
+    float *m;        /* exp_avg, updated in place */
+    int64_t numel;
+    float wd_factor; /* float(1 - lr * weight_decay) */
+    float beta1;     /* float(beta1) */
+    float c1;        /* float(1 - beta1) */
+    float beta2;     /* float(beta2) */
+    float c2;        /* float(1 - beta2) */
+    float neg_lr;    /* float(-lr) */
+} ts_lion_piece;
+
+enum { LION_UNFUSED = 1 /* torch's DEFAULT capability: add(..., alpha=) rounds twice */ };
+
+INLINE void lion_piece(const ts_lion_piece *q, int fused) {
+    float *restrict p = q->p, *restrict m = q->m;
+    const float *restrict g = q->g;
+    const float wdf = q->wd_factor, b1 = q->beta1, c1 = q->c1, b2 = q->beta2, c2 = q->c2, nlr = q->neg_lr;
+    /* x * 1.0f is x (NaNs stay quiet NaNs): the multiply is skipped when there is no weight decay */
+    const int wd = wdf != 1.0f;
+    for (int64_t i = 0; i < q->numel; ++i) {
+        const float gi = g[i], mi = m[i];
+        const float c = madd(fused, gi, c1, mi * b1); /* exp_avg.clone().mul_(beta1).add(grad, alpha=1 - beta1) */
+        const float u = (float)((c > 0.0f) - (c < 0.0f)); /* .sgn_(): NaN and -0 give +0 */
+        float pi = wd ? p[i] * wdf : p[i];
+        p[i] = madd(fused, u, nlr, pi); /* p.add_(update, alpha=-lr): u * -lr is exact */
+        m[i] = madd(fused, gi, c2, mi * b2); /* exp_avg.mul_(beta2).add_(grad, alpha=1 - beta2) */
+    }
+}
+
+INLINE void lion_body(const ts_lion_piece *pieces, int64_t npieces, int flags) {
+    const int fused = (flags & LION_UNFUSED) == 0;
+    for (int64_t j = 0; j < npieces; ++j) {
+        if (fused) lion_piece(&pieces[j], 1);
+        else lion_piece(&pieces[j], 0);
+    }
+}
+
 /* ---- entry points ------------------------------------------------------------------ */
 
 /* Each entry point: its body compiled twice, called through the variant this CPU runs. */
@@ -415,6 +467,7 @@ ENTRY(int8_encode,
 ENTRY(int8_decode,
       (const uint8_t *codes, const float *scales, int64_t n, int64_t bn, const float *values, float *out),
       codes, scales, n, bn, values, out)
+ENTRY(lion, (const ts_lion_piece *pieces, int64_t npieces, int flags), pieces, npieces, flags)
 ENTRY(update,
       (int format, int64_t n, int64_t bn, const ts_field *fields, int nfields, const ts_piece *pieces, int64_t npieces),
       format, n, bn, fields, nfields, pieces, npieces)

@@ -87,11 +87,11 @@ CAPACITY_MULTIPLE = 1024  # elements; shard capacities are multiples of this (la
 NONFINITE_CODE = 255  # int8 code of a NaN/inf element; decodes to NaN
 FIELDS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")  # AdamW's, in its order (the compiled update's)
 # Every field a moment format may store, across algorithms (each FieldSpec says compressible=True).
-CODED_FIELDS = (*FIELDS, "momentum_buffer")
+CODED_FIELDS = (*FIELDS, "momentum_buffer", "square_avg", "acc_delta")
 # Fields that may be negative, by name across every algorithm (each FieldSpec says signed=True;
 # tests/test_algorithms.py checks the two agree): an int8 code table then spans both signs.
 SIGNED_FIELDS = ("exp_avg", "momentum_buffer", "grad_avg")
-_FIELD_STREAM = {"exp_avg": 1, "exp_avg_sq": 2, "max_exp_avg_sq": 3, "momentum_buffer": 4}
+_FIELD_STREAM = {"exp_avg": 1, "exp_avg_sq": 2, "max_exp_avg_sq": 3, "momentum_buffer": 4, "square_avg": 5, "acc_delta": 6}
 MASK32 = 0xFFFFFFFF
 BUCKET_SHIFT = 12  # int8 nearest: codes are looked up by the upper 32 - 12 = 20 bits of x / scale
 BUCKETS = 1 << (32 - BUCKET_SHIFT)

@@ -80,7 +80,7 @@ from .build_flags import LIBS as _LIBS
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 4  # ts_codec_kernel_version() of a library this module can call
+ABI_VERSION = 5  # ts_codec_kernel_version() of a library this module can call
 MAX_BLOCK = 4096  # elements per block the compiled kernel accepts (MAX_BLOCK in the C source)
 FLAGS = ("-shared", "-fPIC", *COMPILE_FLAGS)  # the first-use build's (setup.py: the same COMPILE_FLAGS)
 LIBS = tuple(f"-l{lib}" for lib in _LIBS)
@@ -112,6 +112,9 @@ class Kernel:
         self._update = lib.ts_update
         self._update.argtypes = [c_int, i64, i64, ctypes.c_char_p, c_int, ctypes.c_char_p, i64]
         self._update.restype = None
+        self._lion = lib.ts_lion
+        self._lion.argtypes = [ctypes.c_char_p, i64, c_int]
+        self._lion.restype = None
         #: Whether the AVX2+FMA variants run in this process (else the baseline build).
         self.fast = bool(lib.ts_codec_kernel_fast())
 
@@ -126,6 +129,11 @@ class Kernel:
     def int8_decode(self, codes: Tensor, scales: Tensor, out: Tensor, block_numel: int, values: Tensor) -> None:
         """``values[code] * scale`` into the fp32 ``out``; ``values`` holds 256 fp32."""
         self._decode(codes.data_ptr(), scales.data_ptr(), out.numel(), block_numel, values.data_ptr(), out.data_ptr())
+
+    def lion(self, pieces: bytes, npieces: int, flags: int) -> None:
+        """Lion's update of fp32 pieces: ``pieces`` are packed ``ts_lion_piece`` records
+        (:mod:`tierstore._compute.lion_kernel` packs them)."""
+        self._lion(pieces, npieces, flags)
 
     def update(self, fmt: int, numel: int, block_numel: int, fields: bytes, nfields: int, pieces: bytes, npieces: int) -> None:
         """The fused update of one chunk: ``fields`` and ``pieces`` are packed ``ts_field``/``ts_piece``

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from .adadelta import TieredAdadelta
 from .adamax import TieredAdamax
+from .lion import TieredLion
 from .nadam import TieredNAdam
 from .radam import TieredRAdam
 from .rmsprop import TieredRMSprop
 
-__all__: list[str] = ["TieredAdadelta", "TieredAdamax", "TieredNAdam", "TieredRAdam", "TieredRMSprop"]
+__all__: list[str] = ["TieredAdadelta", "TieredAdamax", "TieredLion", "TieredNAdam", "TieredRAdam", "TieredRMSprop"]

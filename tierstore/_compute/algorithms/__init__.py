@@ -12,7 +12,7 @@ True
 >>> algorithm_named("lamb")
 Traceback (most recent call last):
 ...
-tierstore.errors.ConfigError: unknown optimizer algorithm 'lamb'; tierstore knows ['adadelta', 'adamax', 'adamw', 'nadam', 'radam', 'rmsprop']
+tierstore.errors.ConfigError: unknown optimizer algorithm 'lamb'; tierstore knows ['adadelta', 'adamax', 'adamw', 'lion', 'nadam', 'radam', 'rmsprop']
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ from .adadelta import ADADELTA
 from .adamax import ADAMAX
 from .adamw import ADAMW
 from .base import FLAG, FLAG_OR_NULL, NUMBER, PAIR, Algorithm, FieldSpec
+from .lion import LION
 from .nadam import NADAM
 from .radam import RADAM
 from .rmsprop import RMSPROP
 
 #: Every registered algorithm by its name.
-ALGORITHMS = MappingProxyType({a.name: a for a in (ADAMW, RMSPROP, ADAMAX, NADAM, RADAM, ADADELTA)})
+ALGORITHMS = MappingProxyType({a.name: a for a in (ADAMW, RMSPROP, ADAMAX, NADAM, RADAM, ADADELTA, LION)})
 
 
 def algorithm_named(name: str | Algorithm) -> Algorithm:
@@ -49,4 +50,4 @@ def algorithm_named(name: str | Algorithm) -> Algorithm:
 
 
 __all__ = ["ADAMW", "ALGORITHMS", "Algorithm", "FieldSpec", "algorithm_named", "NUMBER", "PAIR", "FLAG", "FLAG_OR_NULL",
-           "ADADELTA", "ADAMAX", "NADAM", "RADAM", "RMSPROP"]  # fmt: skip
+           "ADADELTA", "ADAMAX", "LION", "NADAM", "RADAM", "RMSPROP"]  # fmt: skip
