@@ -73,6 +73,9 @@ def _io(doc: dict[str, Any], plot: str | None) -> str:
     from tierstore.cli.bench import io_report
     from tierstore.sizes import format_size
 
+    if len(doc.get("config", {}).get("dirs") or []) > 1:
+        return _io_drives(doc, plot)
+
     # The summary is recomputed from the trials: spreads and per-round ratios that older runs did not keep.
     trials = [SimpleNamespace(**t) for t in doc["trials"]]
     direct = doc["summary"].get("direct_io_supported", True)
@@ -84,6 +87,20 @@ def _io(doc: dict[str, Any], plot: str | None) -> str:
         title = f"tierstore bench io: {cfg['dir']} ({format_size(cfg['size'])} per transfer)"
         print(f"wrote {io_report.plot(result, plot, kinds=kinds, title=title)}", file=sys.stderr)
     return io_report.render(result, kinds, machine=doc.get("machine"))
+
+
+def _io_drives(doc: dict[str, Any], plot: str | None) -> str:
+    """``bench io`` over several directories: the sweep's summary recomputed from its trials."""
+    from tierstore.cli.bench import drives_report
+    from tierstore.sizes import format_size
+
+    trials = [SimpleNamespace(**t) for t in doc["trials"]]
+    result = drives_report.summarize(trials, drives=doc["drives"], memory_GBps=doc.get("memory_GBps_samples") or [])
+    if plot:
+        cfg = doc["config"]
+        title = f"tierstore bench io: {', '.join(cfg['dirs'])} ({format_size(cfg['size'])} per transfer)"
+        print(f"wrote {drives_report.plot(result, plot, title=title)}", file=sys.stderr)
+    return drives_report.render(result, machine=doc.get("machine"))
 
 
 def _convergence(doc: dict[str, Any], plot: str | None) -> str:

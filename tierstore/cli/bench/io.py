@@ -1,6 +1,6 @@
 """``tierstore bench io``: what the drive behind a directory can do, per backend and setting.
 
-Sequential read and write bandwidth of a test file under ``--dir`` for each
+Sequential read and write bandwidth of a test file in ``DIR`` (or ``--dir``) for each
 backend (``direct``, ``buffered``, ``mmap``, through tierstore's own
 :class:`~tierstore._storage.transfer.IOQueue`) across request sizes and worker counts,
 beside raw baselines measured in the same run and interleaved with them,
@@ -24,6 +24,10 @@ them, ratios are taken round by round, and the target (the direct backend
 at >= 0.9x raw ``O_DIRECT``) gets PASS, FAIL or UNDECIDED (fewer than 3
 rounds) from :mod:`.io_report`. The report starts with the hardware line.
 
+Several directories (``tierstore bench io DIR DIR...``) are measured alone
+and all at once instead, over a sweep of workers and request sizes:
+:mod:`.io_drives`.
+
 ``summary.best_read_GBps``/``best_write_GBps`` are the best medians of the
 ``O_DIRECT`` kinds (``raw`` and ``direct``), i.e. what a well-fed drive
 sustains; ``memory_GBps`` is the copy bandwidth.
@@ -34,6 +38,8 @@ Example
 >>> parser = argparse.ArgumentParser(); add_arguments(parser)
 >>> parser.parse_args(["--dir", "/tmp", "--quick"]).quick
 True
+>>> parser.parse_args(["/tmp", "/dev/shm"]).dirs
+['/tmp', '/dev/shm']
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from ...backends import BACKENDS, open_backend, supports_direct_io
 from ...errors import ConfigError
 from ...sizes import format_size, parse_size
 from . import rawio, resources
+from .io_options import check_directories, directories_of, int_list, size_list
 from .io_report import plot, render, summarize, verdicts
 from .report import gbps, hardware_line, machine_info, write_json
 from .verdict import MIN_REPEATS, overall
@@ -93,31 +100,18 @@ class Trial:
 
 
 # -- arguments ------------------------------------------------------------
-def _size_list(text: str, name: str) -> tuple[int, ...]:
-    values = tuple(parse_size(part.strip(), name=name) for part in text.split(",") if part.strip())
-    if not values or any(v <= 0 or v % 4096 for v in values):
-        raise ConfigError(f"{name}={text!r} must list positive multiples of 4 KiB, e.g. '1MiB,4MiB,16MiB'")
-    return values
-
-
-def _int_list(text: str, name: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise ConfigError(f"{name}={text!r} must list whole numbers, e.g. '1,2,4,8'") from None
-    if not values or any(v < 1 for v in values):
-        raise ConfigError(f"{name}={text!r} must list numbers >= 1, e.g. '1,2,4,8'")
-    return values
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``tierstore bench io``."""
-    parser.add_argument("--dir", required=True, help="a directory on the drive to measure (test files are removed)")
+    parser.add_argument("dirs", nargs="*", metavar="DIR", help="directories on the drives to measure (test files "
+                        "are removed); one gives the full report of one drive, several measure each drive alone and "
+                        "all at once (tierstore.cli.bench.io_drives)")
+    parser.add_argument("--dir", action="append", default=None, help="a directory to measure, as DIR (repeatable)")
     parser.add_argument("--size", default=None, help="bytes per transfer, e.g. 2GiB (default 2GiB, --quick 256MiB)")
     parser.add_argument("--requests", default=None, help="request sizes, e.g. '1MiB,4MiB,16MiB,64MiB'")
     parser.add_argument("--workers", default=None, help="worker counts (requests in flight), e.g. '1,2,4,8'")
     parser.add_argument(
-        "--backends", default=",".join(BACKENDS), help=f"backends to measure (default {','.join(BACKENDS)})"
+        "--backends", default=None, help=f"backends to measure (default {','.join(BACKENDS)}; with several "
+        "directories one backend, default auto)"
     )
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                         help=f"interleaved rounds of the whole grid (default {DEFAULT_ROUNDS}; a verdict needs "
@@ -151,18 +145,18 @@ class IOConfig:
         ConfigError
             For a missing directory, a size below 4 MiB, unknown backends or bad lists.
         """
-        directory = Path(args.dir).expanduser()
-        if not directory.is_dir():
-            raise ConfigError(f"--dir {str(directory)!r} is not a directory; pass an existing directory on the drive to measure")
-        if not os.access(directory, os.W_OK):
-            raise ConfigError(f"--dir {str(directory)!r} is not writable; pass a directory you can write to")
+        directories = directories_of(args)
+        if len(directories) > 1:
+            raise ConfigError(f"IOConfig measures one directory, not {len(directories)}; use io_drives.DrivesConfig")
+        directory = directories[0]
+        check_directories(directories, flag="DIR" if getattr(args, "dirs", None) else "--dir")
         size = parse_size(args.size if args.size is not None else ("256MiB" if args.quick else "2GiB"), name="--size")
         size -= size % MiB
         if size < 4 * MiB:
             raise ConfigError(f"--size {args.size!r} is below 4 MiB; use e.g. --size 256MiB")
-        requests = _size_list(args.requests, "--requests") if args.requests else (QUICK_REQUESTS if args.quick else FULL_REQUESTS)
-        workers = _int_list(args.workers, "--workers") if args.workers else (QUICK_WORKERS if args.quick else FULL_WORKERS)
-        backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
+        requests = size_list(args.requests, "--requests") if args.requests else (QUICK_REQUESTS if args.quick else FULL_REQUESTS)
+        workers = int_list(args.workers, "--workers") if args.workers else (QUICK_WORKERS if args.quick else FULL_WORKERS)
+        backends = tuple(b.strip() for b in (args.backends or ",".join(BACKENDS)).split(",") if b.strip())
         unknown = [b for b in backends if b not in BACKENDS]
         if unknown:
             raise ConfigError(f"--backends lists unknown {unknown}; choose from {sorted(BACKENDS)}")
@@ -396,6 +390,10 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark; print the table; write JSON and PNG when asked."""
     from tqdm import tqdm
 
+    from . import io_drives
+
+    if len(directories_of(args)) > 1:
+        return io_drives.run(args)
     config = IOConfig.from_args(args)
     bench = _Run(config)
     if not bench.direct:
