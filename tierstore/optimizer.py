@@ -18,6 +18,7 @@ torch.Size([64, 64])
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -25,6 +26,7 @@ import torch
 from torch import Tensor
 
 from ._compute.algorithms import ADAMW
+from ._config.knobs import DEFAULT_IO_WORKERS, DEFAULT_PREFETCH_DEPTH, DEFAULT_REQUEST_BYTES
 from .tiered_optimizer import TieredOptimizer
 
 __all__ = ["TieredAdamW"]
@@ -104,12 +106,21 @@ class TieredAdamW(TieredOptimizer):
     restore_params
         On resume, write the committed master weights back into the
         parameters (when the state has masters).
+    knobs
+        A knobs file written by ``tierstore tune`` (``None``: none). It sets
+        ``io_workers``, ``request_bytes``, ``prefetch_depth`` and
+        ``update_threads`` where they are left at their defaults (explicit
+        arguments win), and gives a new state over several directories its
+        drives' measured bandwidths. Resources only: any state runs with any
+        knobs file. See ``docs/tuning.md``.
 
     Raises
     ------
     ValueError (ConfigError)
         Invalid hyperparameters or knobs (a value of the wrong type also is a
-        ``TypeError``, ``ConfigTypeError``), checked as ``torch.optim.AdamW`` checks them.
+        ``TypeError``, ``ConfigTypeError``), checked as ``torch.optim.AdamW`` checks them;
+        a ``knobs`` file that is missing, a link, not a knobs file or holds a value
+        out of range (a newer one: ``FormatVersionError``).
     BudgetError
         ``ram_budget`` below what the streaming arena needs.
     StateDirError, StateDirInUseError, StateExistsError, NotStateDirError
@@ -146,9 +157,9 @@ class TieredAdamW(TieredOptimizer):
         ram_budget: int | float | str | None = None,
         backend: str = "auto",
         shard_numel: int | None = None,
-        prefetch_depth: int = 2,
-        io_workers: int = 8,
-        request_bytes: int = 1 << 20,
+        prefetch_depth: int = DEFAULT_PREFETCH_DEPTH,
+        io_workers: int = DEFAULT_IO_WORKERS,
+        request_bytes: int = DEFAULT_REQUEST_BYTES,
         keep_master: bool | None = None,
         moment_dtype: str | torch.dtype = "float32",
         pin_memory: bool | None = None,
@@ -158,6 +169,7 @@ class TieredAdamW(TieredOptimizer):
         resume: bool | str = False,
         resume_step: int | None = None,
         restore_params: bool = True,
+        knobs: str | os.PathLike | None = None,
     ) -> None:
         # Note: like torch.optim.AdamW, lr..amsgrad may be passed positionally.
         hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
@@ -166,7 +178,7 @@ class TieredAdamW(TieredOptimizer):
                          request_bytes=request_bytes, keep_master=keep_master, moment_dtype=moment_dtype,
                          pin_memory=pin_memory, update_threads=update_threads, durable=durable,
                          commit_every=commit_every, resume=resume, resume_step=resume_step,
-                         restore_params=restore_params)  # fmt: skip
+                         restore_params=restore_params, knobs=knobs)  # fmt: skip
 
     # -- adapters -------------------------------------------------------
     @classmethod

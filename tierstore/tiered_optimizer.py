@@ -27,6 +27,7 @@ Example
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
@@ -36,7 +37,14 @@ from torch import Tensor
 from ._compute.algorithms import Algorithm
 from ._compute.algorithms.in_use import using
 from ._compute.formats import moment_format
-from ._config.knobs import Knobs, check_int
+from ._config.knobs import (
+    DEFAULT_IO_WORKERS,
+    DEFAULT_PREFETCH_DEPTH,
+    DEFAULT_REQUEST_BYTES,
+    Knobs,
+    check_int,
+)
+from ._config.knobs_file import read_knobs_file
 from ._layout.budget import TierPlan
 from ._layout.layout import Layout, layout_format
 from ._layout.spec import check_param_kinds
@@ -100,9 +108,9 @@ class TieredOptimizer(torch.optim.Optimizer):
         ram_budget: int | float | str | None = None,
         backend: str = "auto",
         shard_numel: int | None = None,
-        prefetch_depth: int = 2,
-        io_workers: int = 8,
-        request_bytes: int = 1 << 20,
+        prefetch_depth: int = DEFAULT_PREFETCH_DEPTH,
+        io_workers: int = DEFAULT_IO_WORKERS,
+        request_bytes: int = DEFAULT_REQUEST_BYTES,
         keep_master: bool | None = None,
         moment_dtype: str | torch.dtype = "float32",
         pin_memory: bool | None = None,
@@ -112,6 +120,7 @@ class TieredOptimizer(torch.optim.Optimizer):
         resume: bool | str = False,
         resume_step: int | None = None,
         restore_params: bool = True,
+        knobs: str | os.PathLike | None = None,
     ) -> None:
         """``hyper`` are the constructor's hyperparameters by name (checked as the torch class checks them)."""
         self._rt: Runtime | None = None  # until construction succeeds; makes close() safe on failure
@@ -119,8 +128,11 @@ class TieredOptimizer(torch.optim.Optimizer):
         algorithm.probe()  # a torch without the kernel fails here, not mid-step
         algorithm.check_group(hyper)
         self._budget = budget_request(ram_budget)  # a share resolves against the state's size in start()
-        self._knobs = Knobs(backend=backend, prefetch_depth=prefetch_depth, io_workers=io_workers,
-                            request_bytes=request_bytes, update_threads=update_threads, pin_memory=pin_memory)  # fmt: skip
+        resources = dict(backend=backend, prefetch_depth=prefetch_depth, io_workers=io_workers,
+                         request_bytes=request_bytes, update_threads=update_threads, pin_memory=pin_memory)
+        # A knobs file (tierstore tune) fills the knobs left at their defaults; explicit arguments win.
+        self._tuned = None if knobs is None else read_knobs_file(knobs)
+        self._knobs = Knobs(**(resources if self._tuned is None else self._tuned.apply(resources)))
         if shard_numel is not None:
             check_int("shard_numel", shard_numel, 1)
         self._format = layout_format(moment_format(moment_dtype))  # None is an error here, not the default

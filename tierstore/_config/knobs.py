@@ -21,7 +21,14 @@ from dataclasses import dataclass, fields
 
 from .registry import BACKEND_NAMES, KNOBS, check_int
 
-__all__ = ["Knobs", "BACKEND_NAMES", "check_int", "default_update_threads"]
+__all__ = ["Knobs", "BACKEND_NAMES", "check_int", "default_update_threads", "DEFAULT_PREFETCH_DEPTH",
+           "DEFAULT_IO_WORKERS", "DEFAULT_REQUEST_BYTES"]
+
+# The int knobs' defaults as the fronts' signatures take them: the registry's Default objects, so a
+# knobs file (TieredAdamW(knobs=...)) fills exactly the knobs a caller left at their defaults.
+DEFAULT_PREFETCH_DEPTH = KNOBS["prefetch_depth"].default
+DEFAULT_IO_WORKERS = KNOBS["io_workers"].default
+DEFAULT_REQUEST_BYTES = KNOBS["request_bytes"].default  # 1 MiB
 
 
 def default_update_threads() -> int:

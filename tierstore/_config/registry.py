@@ -53,7 +53,7 @@ from typing import Any, Literal
 from ..errors import ConfigError, ConfigTypeError
 from ..sizes import budget_request
 
-__all__ = ["Knob", "KNOBS", "HYPERPARAMETERS", "BACKEND_NAMES", "MAX_ENV_CHARS", "env", "check_int"]
+__all__ = ["Knob", "KNOBS", "HYPERPARAMETERS", "BACKEND_NAMES", "MAX_ENV_CHARS", "Default", "env", "check_int"]
 
 BACKEND_NAMES = ("auto", "direct", "buffered", "mmap")
 #: Longest ``TIERSTORE_*`` value read (PATH_MAX): the environment may be crafted, and a
@@ -64,6 +64,27 @@ MAX_ENV_CHARS = 4096
 HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "maximize")
 
 Check = Callable[[Any, str], Any]
+
+
+class Default(int):
+    """An int knob's default, told apart by identity from the same number passed on purpose.
+
+    ``TieredAdamW(knobs="tuned.json")`` takes a value from the knobs file only
+    for a knob whose argument *is* its default object: an argument given
+    explicitly wins, even when it equals the default. Everywhere else it is
+    the plain int it prints as.
+
+    Example
+    -------
+    >>> d = Default(8)
+    >>> d == 8, repr(d), d is KNOBS["io_workers"].default, KNOBS["io_workers"].default is KNOBS["io_workers"].default
+    (True, '8', False, True)
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
 
 
 @dataclass(frozen=True)
@@ -257,19 +278,24 @@ KNOBS: dict[str, Knob] = _knobs(
     Knob("backend", "str", "auto", "", "resource",
          "how state files are read and written: auto, direct (O_DIRECT), buffered or mmap",
          argument=_T, flags=("bench step --backend",), check=_backend),
-    Knob("prefetch_depth", "int", 2, "shards", "resource",
+    Knob("prefetch_depth", "int", Default(2), "shards", "resource",
          "shards read ahead of the one being updated (the arena has prefetch_depth + 2 slots)",
          argument=_T, deepspeed="zero_optimization.offload_optimizer.buffer_count",
          flags=("bench step --prefetch-depth", "plan --prefetch-depth"), check=_whole(1)),
-    Knob("io_workers", "int", 8, "threads per direction", "resource",
+    Knob("io_workers", "int", Default(8), "threads per direction", "resource",
          "I/O threads for reads and, separately, for writes",
          argument=_T, flags=("bench step --io-workers",), check=_whole(1)),
-    Knob("request_bytes", "int", 1 << 20, "bytes", "resource",
+    Knob("request_bytes", "int", Default(1 << 20), "bytes", "resource",
          "size of one read or write request (a multiple of 4096, rounded up to whole 1 MiB checksum blocks)",
          argument=_T, flags=("bench step --request-bytes",), check=_whole(4096, multiple=4096)),
     Knob("update_threads", "int | None", None, "threads", "resource",
          "intra-op threads of the update while shards stream from disk",
          argument=_T, check=_whole(1, optional=True), default_doc="`None`: all cores but one"),
+    Knob("knobs", "str | os.PathLike | None", None, "", "resource",
+         "a knobs file written by `tierstore tune`: sets io_workers, request_bytes, prefetch_depth and update_threads "
+         "where left at their defaults, and a new state's drive bandwidths",
+         argument=_T, checked_by="tierstore._config.knobs_file.read_knobs_file",
+         default_doc="`None`: the arguments and their defaults"),
     Knob("pin_memory", "bool | None", None, "", "resource",
          "pin host buffers for CUDA copies (within ram_budget)",
          argument=_T, deepspeed="zero_optimization.offload_optimizer.pin_memory", check=_flag,

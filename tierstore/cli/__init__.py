@@ -51,6 +51,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench io": ("tierstore.cli.bench.io", "read/write bandwidth of the drive behind --dir, per backend and setting"),
     "bench step": ("tierstore.cli.bench.step", "time per optimizer step in RAM and on disk against torch AdamW"),
     "plan": ("tierstore.cli.plan", "memory, I/O and drive-wear arithmetic for a model before training it"),
+    "tune": ("tierstore.cli.tune", "measure the drives and the CPU, write a knobs file TieredAdamW(knobs=FILE) reads"),
     "inspect": ("tierstore.cli.inspection.inspect", "show the committed step, layout, tiers and hyperparameters of a state directory"),
     "verify": ("tierstore.cli.inspection.verify", "check every checksum of a state directory (non-zero exit on corruption)"),
     "export": ("tierstore.cli.inspection.export", "stream a state directory into a zarr v3 checkpoint"),
