@@ -1,13 +1,17 @@
-"""``torch.distributed.checkpoint`` (DCP) for TieredAdamW, streamed shard by shard.
+"""``torch.distributed.checkpoint`` (DCP) for the tiered optimizers, streamed shard by shard.
 
 :class:`TieredStateful` is a DCP ``Stateful``: put it in the dict given to
 ``dcp.save``/``dcp.load`` and the optimizer's state is written and read in
-``torch.optim.AdamW``'s FQN-keyed layout (what
-``get_optimizer_state_dict`` produces)::
+the FQN-keyed layout of its algorithm's torch class (what
+``get_optimizer_state_dict`` produces; here ``torch.optim.AdamW``'s)::
 
     {"state": {fqn: {"step", "exp_avg", "exp_avg_sq", ["max_exp_avg_sq"], ["master_param"]}},
      "param_groups": [{..., "params": [fqn, ...]}],
      "tierstore_step_count": int64 scalar}
+
+(another algorithm's fields instead of the moments, ``step`` only where its
+torch class keeps one, and ``"tierstore_algorithm": name`` for any algorithm
+but AdamW, so that state loads only into an optimizer of its algorithm).
 
 Every moment is presented with its *global* shape and the offsets of this
 rank's part (FSDP2's ``DTensor`` shard, a ``ZeroRedundancyOptimizer``
@@ -70,6 +74,6 @@ from __future__ import annotations
 
 from ._planner import TieredSavePlanner
 from ._session import Stats
-from ._stateful import STEP_COUNT_KEY, TieredStateful
+from ._stateful import ALGORITHM_KEY, STEP_COUNT_KEY, TieredStateful
 
-__all__ = ["TieredStateful", "TieredSavePlanner", "Stats", "STEP_COUNT_KEY"]
+__all__ = ["TieredStateful", "TieredSavePlanner", "Stats", "STEP_COUNT_KEY", "ALGORITHM_KEY"]

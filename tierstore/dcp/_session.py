@@ -128,7 +128,7 @@ class StateTensor(Placeholder):
         session = self._session
         session.begin("save")
         if session.step_of(self._part) is None:
-            return []  # no step taken yet: torch's AdamW has no state for it either
+            return []  # no step taken yet: torch's optimizer has no state for it either
         boxes = [(torch.Size([]), torch.Size([]))] if self._field == "step" else [
             self._part.box(block) for block in self._part.blocks
         ]
@@ -173,7 +173,7 @@ class Session:
         self._lock = threading.Lock()  # DCP writers and readers may resolve from several threads
 
     def step_of(self, part: Part) -> torch.Tensor | None:
-        """The parameter's AdamW step, ``None`` before its first (read once per save)."""
+        """The parameter's step count, ``None`` before its first (read once per save)."""
         if self._steps is None:
             self._steps = self.opt.param_steps()
         step = self._steps[part.index]

@@ -1,4 +1,12 @@
-"""``TieredStateful``: the DCP ``Stateful`` of a TieredAdamW, its state dict and the load into the shards."""
+"""``TieredStateful``: the DCP ``Stateful`` of a tiered optimizer, its state dict and the load into the shards.
+
+The state dict is in the FQN layout of the optimizer's torch class (its
+algorithm's: ``torch.optim.AdamW`` for a ``TieredAdamW``, ``torch.optim.SGD``
+for a ``TieredSGD``): ``step`` where the algorithm keeps one, each field a
+group uses. The state of an algorithm other than AdamW also records the
+algorithm's name (:data:`ALGORITHM_KEY`; AdamW checkpoints keep their keys),
+so loading it into an optimizer of another algorithm is refused, naming both.
+"""
 
 from __future__ import annotations
 
@@ -10,40 +18,50 @@ from typing import Any
 
 import torch
 
-from .._layout.layout import ShardSpec
-from .._layout.torch_format import require_amsgrad_field
+from .._compute.algorithms import ADAMW
+from .._compute.algorithms.identify import foreign_state, state_owners
+from .._layout.layout import MASTER, ShardSpec
+from .._layout.torch_format import require_option_fields
 from .._platform.dtensor import local_tensor
 from .._runtime.access import ShardAccess
 from .._storage.dcp_memory import BLOCK_NBYTES
-from ..errors import ConfigError
+from ..errors import ConfigError, LayoutMismatchError
 from ._parts import Part, blocks_of, fqns, placement
 from ._session import UNSET, Session, StateTensor, Stats, StepCount
 
-__all__ = ["TieredStateful", "STEP_COUNT_KEY"]
+__all__ = ["TieredStateful", "STEP_COUNT_KEY", "ALGORITHM_KEY"]
 
 log = logging.getLogger("tierstore.dcp")  # the public module's name, as before it became a package
 
 STEP_COUNT_KEY = "tierstore_step_count"
+#: The key naming the optimizer algorithm of a state other than AdamW's (its registered name, a string).
+ALGORITHM_KEY = "tierstore_algorithm"
 
 
 def _local_optimizer(optimizer: Any) -> ShardAccess:
     local = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer wraps the rank's own
     if not isinstance(local, ShardAccess):
         raise ConfigError(
-            f"TieredStateful needs a TieredAdamW (or a ZeroRedundancyOptimizer built with "
+            f"TieredStateful needs a tiered optimizer such as TieredAdamW (or a ZeroRedundancyOptimizer built with "
             f"optimizer_class=TieredAdamW), got {type(optimizer).__name__}"
+        )
+    scalars = getattr(local.layout.algorithm, "scalar_inits", {})
+    if scalars:
+        raise ConfigError(
+            f"{local.layout.algorithm.front}'s state keeps a per-parameter {' and '.join(scalars)} that TieredStateful "
+            "does not record (it saves step counts and fields); checkpoint it with torch.save(optimizer.state_dict())"
         )
     return local
 
 
 class TieredStateful:
-    """A DCP ``Stateful`` that saves and loads a TieredAdamW's state without materialising it.
+    """A DCP ``Stateful`` that saves and loads a tiered optimizer's state without materialising it.
 
     Parameters
     ----------
     optimizer
-        A :class:`~tierstore.TieredAdamW`, or a ``ZeroRedundancyOptimizer``
-        whose ``optimizer_class`` is TieredAdamW.
+        A tiered optimizer (:class:`~tierstore.TieredAdamW`, ``TieredSGD``, ...),
+        or a ``ZeroRedundancyOptimizer`` whose ``optimizer_class`` is one.
     model
         The model the optimizer trains (after ``fully_shard``/DDP), to key the
         state by parameter FQN as ``get_optimizer_state_dict`` does; ``None``
@@ -55,8 +73,9 @@ class TieredStateful:
     Raises
     ------
     ConfigError
-        If ``optimizer`` is not a TieredAdamW (or ZeRO over one), or ``model``
-        does not hold its parameters.
+        If ``optimizer`` is not a tiered optimizer (or ZeRO over one), its
+        algorithm keeps per-parameter scalars DCP does not record (NAdam's
+        ``mu_product``), or ``model`` does not hold its parameters.
 
     Example
     -------
@@ -105,28 +124,29 @@ class TieredStateful:
         return parts
 
     def state_dict(self) -> dict[str, Any]:
-        """Placeholders for DCP in ``torch.optim.AdamW``'s FQN layout (see the module docs).
+        """Placeholders for DCP in the FQN layout of the algorithm's torch class (see the module docs).
 
         Every trainable local part is listed; ``dcp.save`` writes only those
-        that have taken a step (as torch's AdamW has state only for them). A
+        that have taken a step (as torch's optimizers have state only for them). A
         dict serves one ``dcp.save`` or one ``dcp.load``.
         """
         opt = self.opt
         opt.check_usable()
+        algorithm = opt.layout.algorithm
         session = Session(opt, self._parts())
         self.stats = session.stats  # the session itself goes when DCP drops the dict (and its cache)
         state: dict[str, dict[str, Any]] = {}
         for part in session.parts:
             group = opt.param_groups[opt.layout.params[part.index].group]
-            fields = [f for f in opt.layout.fields if f != "max_exp_avg_sq" or group["amsgrad"]]
-            state[part.fqn] = {"step": StateTensor(session, part, "step")}
-            state[part.fqn].update({opt.layout.state_key(f): StateTensor(session, part, f) for f in fields})
+            state[part.fqn] = {"step": StateTensor(session, part, "step")} if "step" in algorithm.state_scalars else {}
+            state[part.fqn].update({opt.layout.state_key(f): StateTensor(session, part, f) for f in _used(opt, group)})
         groups = []
         for group in opt.param_groups:
             packed = {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
             packed["params"] = [self._fqns[i] for i in self._group_indices(group)]
             groups.append(packed)
-        return {"state": state, "param_groups": groups, STEP_COUNT_KEY: StepCount(session)}
+        named = {} if algorithm.name == ADAMW.name else {ALGORITHM_KEY: algorithm.name}
+        return {"state": state, "param_groups": groups, STEP_COUNT_KEY: StepCount(session), **named}
 
     def _group_indices(self, group: dict[str, Any]) -> list[int]:
         ids = {id(p): i for i, p in enumerate(self._params)}
@@ -141,21 +161,36 @@ class TieredStateful:
         moments, steps, hyperparameters, ``step_count`` (the checkpoint's, or
         the largest parameter step when it has none) and, when both sides
         keep one, the fp32 master copy, which is then written into the
-        parameters. A parameter with a step must come with ``exp_avg`` and
-        ``exp_avg_sq`` (and ``max_exp_avg_sq`` when its saved group uses
-        amsgrad), as torch's AdamW needs them: a missing one is an error, never
-        zeros. Masters a checkpoint lacks are seeded from the parameters;
+        parameters. A parameter with a step must come with the fields its
+        algorithm always keeps (AdamW: ``exp_avg`` and ``exp_avg_sq``) and
+        those of the options its saved group uses (``max_exp_avg_sq`` with
+        amsgrad), as the torch class needs them: a missing one is an error,
+        never zeros. Masters a checkpoint lacks are seeded from the parameters;
         ``max_exp_avg_sq`` of a group saved without amsgrad is zeros (unused
-        under the restored groups, as in torch).
+        under the restored groups, as in torch). State of another algorithm
+        (named by :data:`ALGORITHM_KEY`, or real tensors under another
+        algorithm's keys) is refused, naming both.
 
         Raises
         ------
         ValueError
             If a value has the wrong local shape, the param-group counts differ,
-            or a parameter with a step lacks a moment (a ``ConfigError``).
+            or a parameter with a step lacks a moment (a ``ConfigError``); a
+            ``LayoutMismatchError`` for another algorithm's state.
         """
         opt = self.opt
+        algorithm = opt.layout.algorithm
+        saved = state_dict.get(ALGORITHM_KEY, ADAMW.name if algorithm.name == ADAMW.name else None)
+        if saved is not None and saved != algorithm.name:
+            raise LayoutMismatchError(
+                f"the loaded DCP state holds {_label(saved)} state; this is {algorithm.label}: load it into a "
+                f"{_front(saved)}, or load a checkpoint of this optimizer's algorithm"
+            )
         state = state_dict.get("state", {})
+        for fqn, entry in state.items():
+            owners = state_owners(entry, algorithm) if isinstance(entry, dict) else []
+            if owners:  # real tensors of another algorithm (get_optimizer_state_dict of a torch.optim.SGD)
+                raise LayoutMismatchError(foreign_state(owners, algorithm, f"the loaded state of {fqn} ({sorted(map(str, entry))})"))
         saved_groups = state_dict.get("param_groups", [])
         if len(saved_groups) != len(opt.param_groups):
             raise ValueError(
@@ -167,24 +202,30 @@ class TieredStateful:
         ) or Session(opt, self._parts())
         sources = session.sources(state)
         steps: dict[int, float] = {}
+        layout = opt.layout
         for part in session.parts:
             step = state.get(part.fqn, {}).get("step")
             if isinstance(step, StateTensor):
                 step = step._session.loaded_steps.get(part.index)
             if step is not None and float(step) != UNSET:
                 steps[part.index] = float(step)
+            elif "step" not in algorithm.state_scalars:  # torch keeps no count (SGD): the algorithm reads the entry
+                loaded = {layout.state_key(f): src for (i, f), src in sources.items() if i == part.index}
+                step = algorithm.loaded_step(loaded)
+                if step is not None:
+                    steps[part.index] = float(step)
         step_count = state_dict.get(STEP_COUNT_KEY)
         if isinstance(step_count, StepCount):
             step_count = step_count._session.loaded_step_count
         step_count = -1 if step_count is None else int(step_count)
         if step_count < 0:  # a checkpoint written by torch's AdamW: its steps say how far it got
             step_count = int(max(steps.values(), default=0))
-        layout = opt.layout
         for part in session.parts:
             if part.index not in steps or math.prod(part.shape) == 0:
                 continue  # no state to carry (or no local elements: nothing of it on this rank)
             saved_group = saved_groups[layout.params[part.index].group]
-            wanted = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if saved_group.get("amsgrad") else [])
+            wanted = [*algorithm.required_fields()]
+            wanted += [f.name for f in algorithm.fields if f.option is not None and algorithm.uses(saved_group, f.option)]
             missing = [layout.state_key(f) for f in wanted if f in layout.fields and (part.index, f) not in sources]
             if missing:
                 raise ConfigError(
@@ -200,7 +241,7 @@ class TieredStateful:
             layout.copy_in(shard, flat, by_param, copy=session.copy)
 
         groups = [{k: v for k, v in g.items() if k != "params"} for g in saved_groups]
-        require_amsgrad_field(groups, layout, "loaded")
+        require_option_fields(groups, layout, "loaded")
         masters = {i for (i, field) in sources if field == "master"}
         try:
             opt.replace_shards(fill, param_steps=steps, groups=groups, masters_given=masters, step_count=step_count)
@@ -212,3 +253,30 @@ class TieredStateful:
                 mine.update({k: v for k, v in saved.items() if k in mine})
         log.info("loaded DCP state into %s at step %d", opt.state_dir or "RAM", step_count)
 
+
+
+def _used(opt: ShardAccess, group: dict[str, Any]) -> list[str]:
+    """The fields of ``opt``'s state a parameter of ``group`` has in torch's state: the master, the algorithm's
+    always-kept ones, and those of the options the group uses (``max_exp_avg_sq`` with amsgrad)."""
+    algorithm = opt.layout.algorithm
+    used = []
+    for field in opt.layout.fields:
+        option = None if field == MASTER else algorithm.field(field).option
+        if option is None or algorithm.uses(group, option):
+            used.append(field)
+    return used
+
+
+def _label(name: Any) -> str:
+    """A recorded algorithm name as messages show it (its front where it is registered)."""
+    from .._compute.algorithms import ALGORITHMS
+
+    found = ALGORITHMS.get(name) if isinstance(name, str) else None
+    return found.label if found is not None else repr(name)
+
+
+def _front(name: Any) -> str:
+    from .._compute.algorithms import ALGORITHMS
+
+    found = ALGORITHMS.get(name) if isinstance(name, str) else None
+    return found.front if found is not None else f"tiered optimizer of the algorithm {name!r}"

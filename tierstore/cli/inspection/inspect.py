@@ -1,6 +1,7 @@
 """``tierstore inspect DIR``: the committed step, layout, bytes and hyperparameters of a state directory or checkpoint.
 
-It prints the committed step, whether the state is clean and durable, a
+It prints the committed step, whether the state is clean and durable, the
+optimizer algorithm whose state it is (its front, name and torch class), a
 layout summary, bytes per tier and the hyperparameters of every param group
 (``--json`` for a machine-readable dict). ``DIR`` may also be a zarr
 checkpoint. Only the manifest (or the checkpoint's attributes) is read, never
@@ -35,14 +36,15 @@ if TYPE_CHECKING:  # the layout imports torch: only once the command runs (inspe
 
 __all__ = ["add_arguments", "run", "describe_statedir", "describe_checkpoint"]
 
-CORE_HYPER = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
-# Keys torch.optim.AdamW adds to every group; shown in text only when not at these values.
-_TORCH_KEYS = {"foreach": None, "capturable": False, "differentiable": False, "fused": True, "decoupled_weight_decay": True}
+CORE_HYPER = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")  # shown first, in this order, where present
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``tierstore inspect``."""
-    parser.add_argument("dir", help="a tierstore state directory (or a zarr checkpoint)")
+    parser.add_argument(
+        "dir", help="a tierstore state directory (or a zarr checkpoint); for a state over several drives, its home "
+        "(the directory holding the manifest: the others are found where it last saw them)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -72,6 +74,17 @@ def _layout_summary(layout: Layout, fingerprint: str) -> dict[str, Any]:
         "moment_dtype": layout.format.name,
         "bytes_per_param": layout.bytes_per_element,
         "fingerprint": fingerprint,
+    }
+
+
+def _algorithm_summary(layout: Layout) -> dict[str, Any]:
+    """The optimizer algorithm whose state it is, and its fields in this state (the master is tierstore's own)."""
+    algorithm = layout.algorithm
+    return {
+        "name": algorithm.name,
+        "front": algorithm.front,
+        "torch_class": algorithm.torch_class,
+        "fields": [f for f in layout.fields if f != "master"],
     }
 
 
@@ -127,6 +140,7 @@ def describe_statedir(path: str | os.PathLike) -> dict[str, Any]:
             "tierstore_version": _plain(m.get("tierstore_version")),
             "format_version": m.get("format_version"),
             "backend": _plain(m.get("backend")),
+            "algorithm": _algorithm_summary(layout),
             "moment_dtype": layout.format.name,
             "layout": _layout_summary(layout, layout.fingerprint),
             "bytes": {
@@ -137,7 +151,23 @@ def describe_statedir(path: str | os.PathLike) -> dict[str, Any]:
             },
             "param_steps": _steps_summary(param_steps),
             "param_groups": _groups_summary(param_groups, layout),
+            **_drives_summary(reader),
         }
+
+
+def _drives_summary(reader: Any) -> dict[str, Any]:
+    """A state over several directories: what each drive holds (its placement), as ``{"drives": [...]}``;
+    ``{}`` for one directory (whose output stays what it always was)."""
+    record = reader.manifest.get("drives")
+    if record is None:
+        return {}
+    shares = reader.drive_shares()
+    for share in shares:
+        k = share["index"]
+        share["path"] = _plain(share["path"])
+        share["backend"] = _plain(record["backends"][k]) if record.get("backends") else None
+        share["bandwidth"] = record["bandwidths"][k] if record.get("bandwidths") else None
+    return {"drives": shares}
 
 
 def describe_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
@@ -159,7 +189,6 @@ def describe_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     'torch'
     """
     from ..._layout.layout import Layout
-    from ..._state.manifest import decode_group
     from ...checkpoint import read_checkpoint_attributes
 
     attrs = read_checkpoint_attributes(path)  # checked: layout, steps, groups, arrays, every entry a plain file
@@ -176,18 +205,20 @@ def describe_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         "format_version": attrs["format_version"],
         "checksum": attrs.get("checksum"),
         "arrays": attrs["arrays"],
+        "algorithm": _algorithm_summary(layout),
         "moment_dtype": layout.format.name,
         "layout": _layout_summary(layout, layout.fingerprint),
         "bytes": {"state": layout.state_nbytes, "files": arrays_bytes},
         "param_steps": _steps_summary(attrs["param_steps"]),
-        "param_groups": _groups_summary([decode_group(g) for g in attrs["param_groups"]], layout),
+        "param_groups": _groups_summary([layout.algorithm.decode_group(g) for g in attrs["param_groups"]], layout),
     }
 
 
-def _format_group(group: dict[str, Any]) -> str:
-    parts = [f"{k}={tuple(group[k]) if k == 'betas' else group[k]}" for k in CORE_HYPER if k in group]
+def _format_group(group: dict[str, Any], defaults: dict[str, Any]) -> str:
+    """One group's hyperparameters; ``defaults`` (keys the torch class adds to every group) only where they differ."""
+    parts = [f"{k}={tuple(group[k]) if isinstance(group[k], list) else group[k]}" for k in CORE_HYPER if k in group]
     for key, value in group.items():
-        if key in CORE_HYPER or key == "params" or _TORCH_KEYS.get(key, object()) == value:
+        if key in CORE_HYPER or key == "params" or defaults.get(key, object()) == value:
             continue
         parts.append(f"{_plain(key)}={_plain(value)}")
     return " ".join(parts)
@@ -214,6 +245,8 @@ def _print_text(info: dict[str, Any]) -> None:
         print(f"zarr checkpoint {info['path']} (from {info['source']}, checksum {info['checksum']})")
         print(f"  step: {info['step_count']}")
         print(f"  written by: tierstore {info['tierstore_version']} (format {info['format_version']})")
+    algo = info["algorithm"]
+    print(f"  optimizer: {algo['front']} ({algo['name']}), the state of {algo['torch_class']}: {', '.join(algo['fields']) or 'no fields'}")
     print("layout:")
     print(
         f"  parameters: {lay['params']} ({lay['trainable']} trainable, {lay['frozen']} frozen), "
@@ -229,17 +262,27 @@ def _print_text(info: dict[str, Any]) -> None:
         print(f"  files on disk (allocated): {files}")
         budget = "none (all in RAM)" if b["ram_budget"] is None else format_size(b["ram_budget"])
         print(f"  ram_budget of the last run: {budget} (which shards were resident is not recorded)")
+        if info.get("drives"):
+            print(f"placement: over {len(info['drives'])} drives (by the bandwidths measured when it was created)")
+            for d in info["drives"]:
+                speed = f", placed at {d['bandwidth'] / 1e6:,.0f} MB/s" if d["bandwidth"] else ""
+                print(f"  drive {d['index']}: {d['path']}: {d['shards']} shards, {format_size(d['bytes'])} per copy "
+                      f"(backend {d['backend']}{speed})")
     else:
         print(f"  state: {format_size(b['state'])}; chunk files: {format_size(b['files'])}")
     steps = info["param_steps"]
     if steps["with_state"]:
         span = f"{steps['min']:g}" if steps["min"] == steps["max"] else f"{steps['min']:g}..{steps['max']:g}"
-        print(f"param steps: {steps['with_state']} parameters with state, AdamW step {span}")
+        print(f"param steps: {steps['with_state']} parameters with state, step {span}")
     else:
         print("param steps: no parameter has taken a step")
     print("param groups:")
+    from ..._compute.algorithms import ALGORITHMS
+
+    algorithm = ALGORITHMS.get(info["algorithm"]["name"])
+    defaults = dict(algorithm.group_defaults) if algorithm is not None else {}
     for gi, group in enumerate(info["param_groups"]):
-        print(f"  group {gi} ({group['params']} params): {_format_group(group)}")
+        print(f"  group {gi} ({group['params']} params): {_format_group(group, defaults)}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,8 @@
-"""``tierstore to-torch DIR OUT.pt``: a ``torch.optim.AdamW`` state dict of a state directory or zarr checkpoint.
+"""``tierstore to-torch DIR OUT.pt``: a torch state dict of a state directory or zarr checkpoint.
+
+The state dict is that of the state's optimizer algorithm's torch class
+(``torch.optim.AdamW`` for a ``TieredAdamW``'s state, ``torch.optim.SGD``
+for a ``TieredSGD``'s, ...); the line printed names it.
 
 The whole state is built in RAM and saved with ``torch.save``; ``--from-zarr``
 converts a zarr checkpoint instead. The output is checked before the state
@@ -29,7 +33,7 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``tierstore to-torch``."""
     parser.add_argument("src", help="a tierstore state directory (or, with --from-zarr, a zarr checkpoint)")
-    parser.add_argument("out", help="the .pt file to write (torch.save of a torch.optim.AdamW state dict)")
+    parser.add_argument("out", help="the .pt file to write (torch.save of the state dict of the state's torch class, e.g. torch.optim.AdamW)")
     parser.add_argument("--from-zarr", action="store_true", help="SRC is a zarr checkpoint, not a state directory")
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it is a regular file")
 
@@ -57,5 +61,19 @@ def run(args: argparse.Namespace) -> int:
         write_output_file(out, lambda f: torch.save(state_dict, f), overwrite=args.overwrite)
     except CheckpointExistsError as exc:
         return usage_error(flag_text(exc))
-    print(f"wrote {out}: {len(state_dict['state'])} parameter states, {len(state_dict['param_groups'])} param groups")
+    print(
+        f"wrote {out}: a {_torch_class(args.src, args.from_zarr)} state dict, {len(state_dict['state'])} parameter "
+        f"states, {len(state_dict['param_groups'])} param groups"
+    )
     return EXIT_OK
+
+
+def _torch_class(src: str, from_zarr: bool) -> str:
+    """The torch class whose state dict ``src`` converts to (its layout's algorithm's; read again, it is small)."""
+    from ..._layout.layout import Layout
+    from ...checkpoint import open_state_reader, read_checkpoint_attributes
+
+    if from_zarr:
+        return Layout.from_dict(read_checkpoint_attributes(src)["layout"]).algorithm.torch_class
+    with open_state_reader(src) as reader:
+        return reader.layout.algorithm.torch_class

@@ -3,7 +3,7 @@
 Given a state directory it checks every checksum of the committed copies
 (errors) and of the intact stale copies (warnings) and prints each problem
 with its shard and file; given a zarr checkpoint, it reads and checks every
-chunk; given a trainer's ``checkpoint-N/`` folder (or the folder holding
+chunk (a clean one is reported with the optimizer algorithm whose state it holds); given a trainer's ``checkpoint-N/`` folder (or the folder holding
 them), every snapshot (:mod:`tierstore.cli.verify_trainer`). Exit status: 0
 clean, 1 the committed state (or the manifest) is bad, 2 a usage error or
 missing input (no such directory, a file where a directory is needed), 3
@@ -61,7 +61,8 @@ def _verify_checkpoint(path: Path, no_progress: bool) -> int:
     except DAMAGED as exc:
         print(f"error: {exc}")
         return EXIT_CORRUPT
-    total = Layout.from_dict(info["layout"]).state_nbytes  # each field's arrays, in its format
+    layout = Layout.from_dict(info["layout"])
+    total = layout.state_nbytes  # each field's arrays, in its format
     with _bar(total, no_progress) as bar:
         problems = verify_checkpoint(path, progress=bar.update)
     for problem in problems:
@@ -70,10 +71,12 @@ def _verify_checkpoint(path: Path, no_progress: bool) -> int:
         print(f"{len(problems)} damaged chunk(s) in {path}; write the checkpoint again")
         return EXIT_CORRUPT
     if info.get("checksum") is None:
-        print(f"ok: {path} has every chunk (it was written without checksums, so their bytes cannot be checked)")
+        print(f"ok: {path} has every chunk of its {layout.algorithm.label} state (it was written without checksums, so "
+              "their bytes cannot be checked)")  # fmt: skip
     else:
         arrays = len(info["arrays"]) + len(info.get("scale_arrays") or {})  # int8 moments have a scales array each
-        print(f"ok: step {info['step_count']}, every chunk of {arrays} arrays matches its {info['checksum']} checksum")
+        print(f"ok: step {info['step_count']} of {layout.algorithm.label} state ({', '.join(info['arrays'])}), every "
+              f"chunk of {arrays} arrays matches its {info['checksum']} checksum")  # fmt: skip
     return EXIT_OK
 
 
@@ -112,7 +115,7 @@ def _verify_statedir(path: Path, no_progress: bool) -> int:
                 f"committed state of step {reader.step_count} is intact ({shards} shards verified)"
             )
             return EXIT_STALE_ONLY
-        print(f"ok: step {reader.step_count}, {shards} shards, every checksum matches")
+        print(f"ok: step {reader.step_count} of {reader.layout.algorithm.label} state, {shards} shards, every checksum matches")
         return EXIT_OK
 
 
