@@ -378,13 +378,16 @@ def test_hostile_directory_read_offline(place: Place, name: str) -> None:
     "value, error, says",
     [
         (42, ConfigTypeError, ["state_dir=42", "int", "os.PathLike"]),
-        (["a", "b"], ConfigTypeError, ["state_dir=['a', 'b']", "list"]),
+        (["a", 7], ConfigTypeError, ["state_dir[1]=7", "int", "os.PathLike"]),
+        (["a", None], ConfigTypeError, ["state_dir[1]=None", "one directory per drive"]),
+        ([], ConfigError, ["state_dir=[]", "lists no directory", "one per drive"]),
+        (["a", ""], ConfigError, ["state_dir[1]=''", "current directory"]),
         (b"/tmp/x", ConfigTypeError, ["state_dir=b'/tmp/x'", "bytes"]),
         (3.5, ConfigTypeError, ["state_dir=3.5"]),
         ("", ConfigError, ["state_dir=''", "current directory"]),
         ("bad\0name", ConfigError, ["NUL"]),
     ],
-    ids=["int", "list", "bytes", "float", "empty", "nul"],
+    ids=["int", "list-of-int", "list-of-none", "empty-list", "list-of-empty", "bytes", "float", "empty", "nul"],
 )
 def test_state_dir_must_be_a_path(tmp_path: Path, monkeypatch, value, error, says) -> None:
     monkeypatch.chdir(tmp_path)

@@ -27,6 +27,7 @@ __all__ = [
     "StateExistsError",
     "NoStateError",
     "NotStateDirError",
+    "DriveSetError",
     "LayoutMismatchError",
     "FormatVersionError",
     "CorruptStateError",
@@ -75,6 +76,11 @@ class NoStateError(StateDirError, FileNotFoundError):
 
 class NotStateDirError(StateDirError):
     """The directory holds files tierstore did not write: it is not a tierstore state directory."""
+
+
+class DriveSetError(StateDirError):
+    """The directories given as ``state_dir`` are not the drives of one state: one is missing, belongs to
+    another state, is given twice or out of order, or their number differs from the state's."""
 
 
 class LayoutMismatchError(TierstoreError, ValueError):

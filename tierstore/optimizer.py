@@ -48,9 +48,13 @@ class TieredAdamW(TieredOptimizer):
     lr, betas, eps, weight_decay, amsgrad, maximize
         As ``torch.optim.AdamW``; per-group values are allowed.
     state_dir
-        Directory for the disk tier (created if missing). ``None``: a private
-        temporary directory, made only when the state does not fit in
-        ``ram_budget``, removed by :meth:`close`.
+        Directory for the disk tier (created if missing), or a list of them,
+        one per drive: the first (the home) holds the manifest, and the
+        shards are spread over all of them by each drive's measured bandwidth
+        (``TIERSTORE_DRIVE_BANDWIDTHS`` gives the figures instead of a probe),
+        with one commit over all. A resume passes the same directories in
+        the same order. ``None``: a private temporary directory, made only
+        when the state does not fit in ``ram_budget``, removed by :meth:`close`.
     ram_budget
         Host RAM the state may use: bytes (``int``), a string such as
         ``"512MiB"``/``"2GB"``, or a share of the state's size: ``"1/8"``,
@@ -128,6 +132,10 @@ class TieredAdamW(TieredOptimizer):
         holding files that are not a tierstore state.
     NoStateError
         ``resume=True`` and ``state_dir`` is missing or holds no committed state.
+    DriveSetError
+        A list of directories that are not the drives of one state: one missing,
+        of another state, given twice or out of order, or another number of them
+        (the message names the directory and the fix).
     LayoutMismatchError, FormatVersionError, CorruptStateError
         On resume: state of another model, of a newer format, or damaged.
 
@@ -153,7 +161,7 @@ class TieredAdamW(TieredOptimizer):
         amsgrad: bool = False,
         *,
         maximize: bool = False,
-        state_dir: str | None = None,
+        state_dir: str | list[str] | None = None,
         ram_budget: int | float | str | None = None,
         backend: str = "auto",
         shard_numel: int | None = None,

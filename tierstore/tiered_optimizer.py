@@ -104,7 +104,7 @@ class TieredOptimizer(torch.optim.Optimizer):
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
         hyper: Mapping[str, Any],
         *,
-        state_dir: str | None = None,
+        state_dir: str | list[str] | None = None,
         ram_budget: int | float | str | None = None,
         backend: str = "auto",
         shard_numel: int | None = None,

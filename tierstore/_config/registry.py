@@ -231,6 +231,20 @@ def _env_command(text: str, label: str) -> tuple[str, ...]:
     return argv
 
 
+def _env_bandwidths(text: str, label: str) -> tuple[float, ...]:
+    parts = text.replace(",", " ").split()
+    try:
+        values = tuple(float(p) for p in parts)
+    except ValueError:
+        values = ()
+    if not values or not all(v > 0 and v < float("inf") for v in values):
+        raise ConfigError(
+            f"{label}={text!r} is not a list of bandwidths; give bytes per second for each directory of "
+            "state_dir, in order, e.g. '3e9,1.5e9'"
+        )
+    return values
+
+
 def _env_directory(text: str, label: str) -> Path:
     # The path is taken as written (no ~ or $VAR expansion): what native.py checks before
     # trusting it with code (owned by this user, mode 0700) is the path the OS resolves.
@@ -300,8 +314,8 @@ KNOBS: dict[str, Knob] = _knobs(
          "pin host buffers for CUDA copies (within ram_budget)",
          argument=_T, deepspeed="zero_optimization.offload_optimizer.pin_memory", check=_flag,
          default_doc="`None`: when CUDA is available"),
-    Knob("state_dir", "str | None", None, "", "resource",
-         "the directory of the disk tier (one per rank under torch.distributed)",
+    Knob("state_dir", "str | list[str] | None", None, "", "resource",
+         "the directory of the disk tier, or a list of them (one per drive; the first holds the manifest), one per rank under torch.distributed",
          argument=_T, deepspeed="zero_optimization.offload_optimizer.nvme_path",
          flags=("plan --state-dir", "demo --state-dir"), checked_by="tierstore._state.statedir",
          default_doc="`None`: a private temporary directory, made only when state must stream"),
@@ -338,6 +352,10 @@ KNOBS: dict[str, Knob] = _knobs(
     Knob("TIERSTORE_NATIVE", "str", "auto", "", "resource",
          "the compiled kernel of the compressed formats: 'auto', '0' (torch ops) or 'require' (an error if missing)",
          env="TIERSTORE_NATIVE", check=_env_native, default_doc="`auto`"),
+    Knob("TIERSTORE_DRIVE_BANDWIDTHS", "tuple[float, ...] | None", None, "bytes per second", "resource",
+         "each directory's bandwidth when a state over several is created: where its shards go, instead of a probe",
+         env="TIERSTORE_DRIVE_BANDWIDTHS", check=_env_bandwidths,
+         default_doc="unset: a quick probe of each drive (tens of MiB written and read back)"),
     Knob("TIERSTORE_CC", "tuple[str, ...] | None", None, "", "resource",
          "the C compiler command of a first-use build of that kernel",
          env="TIERSTORE_CC", check=_env_command, default_doc="unset: `$CC`, else `cc`, `gcc` or `clang`"),

@@ -349,6 +349,11 @@ class Runtime:
         disk = 0 if self.closed else self.store.disk_nbytes
         if disk:
             files = f"; files {format_size(disk)} ({'2 copies, durable' if self.journal.durable else '1 copy'})"
+        if not self.closed and len(self.store.drives) > 1:  # a state over several drives: what each holds
+            files += f"; over {len(self.store.drives)} drives: " + ", ".join(
+                f"{path} {shards} shards {format_size(nbytes)} ({backend})"
+                for path, shards, nbytes, backend in self.store.drive_shares()
+            )
         pins = self.store.pins.stats()
         if pins.pinned_bytes:
             files += f"; pinned {format_size(pins.pinned_bytes)}"

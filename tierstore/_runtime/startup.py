@@ -79,6 +79,7 @@ def start(
     moment_dtype: str | MomentFormat | None = None,
     algorithm: Algorithm = ADAMW,
     init: Mapping[str, float] | None = None,
+    bandwidths: Sequence[float] | None = None,
 ) -> Started:
     """Lay the state out, open its store and bring it to its first (or resumed) commit.
 
@@ -88,6 +89,8 @@ def start(
     field's value in a fresh state (:meth:`~tierstore._compute.algorithms.base.Algorithm.initial_values`;
     absent: zero). A fresh state of an :attr:`~tierstore._compute.algorithms.base.Algorithm.eager`
     algorithm gives every parameter that holds state a step count of 0, as torch does.
+    ``bandwidths`` (bytes/s per directory of a fresh state over several) place its
+    shards instead of a probe of each drive.
 
     ``param_groups``, ``params`` and ``state`` are the optimizer's own
     objects (the runtime keeps them for the step bookkeeping). On failure the
@@ -107,8 +110,8 @@ def start(
         store = ShardStore(
             layout,
             plan,
-            directory=journal.directory,
-            dir_fd=journal.dir_fd,
+            drives=journal.drive_dirs(),
+            placement=journal.placement_for(layout, backend=knobs.backend, bandwidths=bandwidths),
             backend=knobs.backend,
             io_workers=knobs.io_workers,
             request_bytes=knobs.request_bytes,

@@ -42,13 +42,14 @@ def write_all(fd: int, payload: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def atomic_write(path: Path, payload: bytes, *, dir_fd: int | None = None) -> None:
+def atomic_write(path: Path, payload: bytes, *, dir_fd: int | None = None, crash_points: bool = True) -> None:
     """Write ``payload`` to ``path`` so that a crash leaves the old or the new content.
 
     ``dir_fd``: the descriptor of the directory holding ``path`` (names are
     resolved relative to it). The temporary ``.NAME.tmp`` is created
     exclusively after removing whatever a crash (or anyone) left under that
-    name; nothing is written through a link.
+    name; nothing is written through a link. ``crash_points=False`` passes
+    the manifest's crash points by (a member record is written with this).
 
     Raises
     ------
@@ -77,9 +78,11 @@ def atomic_write(path: Path, payload: bytes, *, dir_fd: int | None = None) -> No
             os.fsync(fd)
         finally:
             os.close(fd)
-        crash_point("manifest-tmp")
+        if crash_points:
+            crash_point("manifest-tmp")
         os.replace(tmp, path.name, src_dir_fd=fd_dir, dst_dir_fd=fd_dir)
-        crash_point("manifest-renamed")
+        if crash_points:
+            crash_point("manifest-renamed")
         os.fsync(fd_dir)
     except OSError as exc:
         with contextlib.suppress(OSError):

@@ -62,7 +62,8 @@ from .._storage.store import ShardStore
 from ..errors import ConfigError, ConfigTypeError, CorruptStateError, NoStateError, StateExistsError
 from . import manifest as manifest_mod
 from .commit_policy import CommitClock, CommitPolicy, due
-from .statedir import MANIFEST, StateDir, state_dir_path
+from .drives import DriveSet, state_dir_paths
+from .statedir import MANIFEST, StateDir
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +145,10 @@ class Journal:
         durable: bool,
         saved: dict | None = None,
         policy: CommitPolicy | None = None,
+        drives: DriveSet | None = None,
     ) -> None:
-        self.statedir = statedir
+        self.statedir = statedir  # the home directory (the manifest's)
+        self.drives = drives  # every directory of the state, the home first (None: no state_dir)
         self.durable = durable
         self.saved = saved  # the manifest to resume from (None: fresh state)
         self.policy = policy or CommitPolicy()
@@ -171,12 +174,12 @@ class Journal:
         Raises
         ------
         ConfigTypeError
-            ``state_dir`` is not a ``str``/``os.PathLike`` (``42``, a list, ``bytes``), or
-            ``resume`` is not a bool or ``"auto"``.
+            ``state_dir`` is not a ``str``/``os.PathLike`` or a list of them (``42``, ``bytes``),
+            or ``resume`` is not a bool or ``"auto"``.
         ConfigError
-            ``state_dir=""``, or the missing ``state_dir`` named.
+            ``state_dir=""`` or ``[]``, or the missing ``state_dir`` named.
         """
-        state_dir_path(state_dir)
+        state_dir_paths(state_dir)
         resume_mode(resume)
         if durable and state_dir is None:
             raise ConfigError(
@@ -198,6 +201,8 @@ class Journal:
     ) -> Journal:
         """Lock ``state_dir`` (this rank's, under torch.distributed) and find the resume point.
 
+        ``state_dir`` is one directory, or a list of them (one per drive, the
+        home first: :mod:`tierstore._state.drives`).
         ``durable=None`` means durable exactly when there is a ``state_dir``.
         ``resume``: ``False`` (the directory must hold no state), ``True`` (it
         must hold a committed state), ``"auto"`` (resume the committed state
@@ -208,6 +213,9 @@ class Journal:
         StateDirError, StateDirInUseError, NotStateDirError
             The directory cannot be used, another open optimizer holds it, or it
             holds files that are not tierstore's.
+        DriveSetError
+            The directories are not the drives of one state (missing, another
+            state's, swapped, given twice, another count).
         StateExistsError
             It holds state and ``resume`` is false.
         NoStateError
@@ -217,26 +225,28 @@ class Journal:
             its manifest is damaged, or ``resume_step`` is not one it holds.
         """
         mode = resume_mode(resume)
-        path = state_dir_path(state_dir)
-        durable = (path is not None) if durable is None else bool(durable)
-        if path is None:
+        paths = state_dir_paths(state_dir)
+        durable = (paths is not None) if durable is None else bool(durable)
+        if paths is None:
             return cls(None, durable=durable, policy=policy)
-        where = distributed.rank_state_dir(os.fspath(path))
+        drives = DriveSet([distributed.rank_state_dir(os.fspath(p)) for p in paths])
         _, world = distributed.rank_and_world()
-        # One process: a missing directory is not created just to say it holds nothing. Under
-        # torch.distributed every rank opens its own first, so that all ranks decide together.
-        statedir = StateDir(where).open(create=not (mode is True and world == 1))
         try:
+            # One process: a missing directory is not created just to say it holds nothing. Under
+            # torch.distributed every rank opens its own first, so that all ranks decide together.
+            statedir = drives.open_home(create=not (mode is True and world == 1))
             saved = _resume_point(statedir, mode, resume_step)
+            drives.open_members(saved, resume=mode)
         except BaseException:
-            statedir.close(discard=True)
+            drives.close(discard=True)
             raise
-        return cls(statedir, durable=durable, saved=saved, policy=policy)
+        return cls(statedir, durable=durable, saved=saved, policy=policy, drives=drives)
 
     def use_private_dir(self) -> None:
         """Give state that must stream a private temporary directory (removed on release); never durable."""
         if self.statedir is None:
-            self.statedir = StateDir(None).open()
+            self.drives = DriveSet(None)
+            self.statedir = self.drives.open_home(create=True)
             self.durable = False
 
     @property
@@ -247,6 +257,19 @@ class Journal:
     def dir_fd(self) -> int | None:
         """The open state directory's descriptor (files inside are opened relative to it)."""
         return self.statedir.fd if self.statedir is not None else None
+
+    def drive_dirs(self) -> list[tuple[Path | None, int | None]]:
+        """``(directory, descriptor)`` of every drive of the state, the home first (the store's ``drives``)."""
+        if self.drives is None:
+            return [(None, None)]
+        return [(d.path, d.fd) for d in self.drives.dirs]
+
+    def placement_for(self, layout: Layout, *, backend: str, bandwidths: Sequence[float] | None = None) -> list[int] | None:
+        """The drive of each shard (``None``: one directory); see :meth:`DriveSet.choose_placement
+        <tierstore._state.drives.DriveSet.choose_placement>`."""
+        if self.drives is None:
+            return None
+        return self.drives.choose_placement(layout, backend=backend, bandwidths=bandwidths)
 
     @property
     def persistent(self) -> bool:
@@ -444,7 +467,7 @@ class Journal:
 
     def _manifest(self, progress: Progress, *, clean: bool) -> dict:
         store = self.store
-        return manifest_mod.build(
+        body = manifest_mod.build(
             layout=self.layout,
             step_count=progress.step_count,
             param_steps=progress.param_steps,
@@ -456,6 +479,10 @@ class Journal:
             ram_budget=self.ram_budget,
             previous=self._last_manifest,
         )
+        drives = self.drives.manifest_record(store.backend_names) if self.drives is not None else None
+        if drives is not None:  # a state over several directories (one directory: no such key)
+            body["drives"] = drives
+        return body
 
     def committed_step_text(self) -> int | str:
         """The step a resume would start from, for messages (``"none: ..."`` without a state_dir)."""
@@ -490,9 +517,9 @@ class Journal:
     def release(self, *, discard: bool = False) -> None:
         """Stop the commit thread (after its commit), release the lock; ``discard`` undoes a failed start."""
         self.stop_commits()
-        statedir, self.statedir = self.statedir, None
-        if statedir is not None:
-            statedir.close(discard=discard)
+        drives, self.drives, self.statedir = self.drives, None, None
+        if drives is not None:
+            drives.close(discard=discard)
 
 
 def resume_mode(resume: Any) -> bool | str:

@@ -21,6 +21,7 @@ import xxhash
 from ..backends.base import open_regular
 from ..errors import CorruptStateError, FormatVersionError, TierstoreError
 from . import manifest as manifest_mod
+from .drive_record import validate_drives
 from .manifest import short_repr
 
 FORMAT_NAME = "tierstore"
@@ -105,5 +106,6 @@ def read_manifest_file(path: Path, *, dir_fd: int | None = None) -> dict:
         raise CorruptStateError(
             f"{path} fails its checksum: it was modified or corrupted after it was written; {fix}"
         )
-    manifest_mod.validate(data, str(path))
+    layout = manifest_mod.validate(data, str(path))
+    validate_drives(data, layout, str(path))
     return data

@@ -15,6 +15,14 @@ bounded in size and validated (:func:`tierstore._state.manifest.validate`) befor
 anything uses it. Every byte handed out was read from a shard that passed its
 checksum, or decoded from one.
 
+A state over several directories (drives) is read from its home (the
+directory holding the manifest): its other directories are found at the
+paths the manifest recorded when the state was last opened, or given
+explicitly (``StateReader([home, drive1, ...])``, in the state's order, when
+a drive is mounted elsewhere now). Each is opened by descriptor and must
+hold this state's member record with its index
+(:mod:`tierstore._state.drives`), or the read is refused naming it.
+
 Example
 -------
 >>> import tempfile, torch
@@ -34,6 +42,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,13 +50,16 @@ import torch
 from .._layout.layout import Layout, ShardSpec
 from .._platform.hostmem import HostBuffer
 from .._storage.integrity import checksum_mismatch, shard_checksum
+from .._storage.placement import drive_offsets
 from .._storage.store import STATE_FILES
 from ..backends import ShardFile, open_backend
 from ..backends.base import O_CLOEXEC
-from ..errors import BackendError, CorruptStateError, StateDirError
+from ..errors import BackendError, CorruptStateError, DriveSetError, StateDirError
 from . import manifest as manifest_mod
+from .drive_record import MEMBER
+from .drives import read_member_at, state_dir_paths
 from .manifest_file import read_manifest_file
-from .statedir import INFLIGHT, MANIFEST, state_dir_path
+from .statedir import INFLIGHT, MANIFEST
 
 #: Offline reads bypass the page cache where the filesystem allows it (a verify of a
 #: large state must not fill the page cache with it); ``buffered`` where it does not.
@@ -83,7 +95,8 @@ class StateReader:
     Parameters
     ----------
     path
-        The state directory.
+        The state directory: its home (the directory holding the manifest), or
+        the list of all of its directories, home first.
     progress
         Called with the bytes of every shard copy read (for a progress bar).
 
@@ -93,6 +106,10 @@ class StateReader:
         If ``path`` is not a path (a ``str`` or ``os.PathLike``) or is empty.
     StateDirError
         If it is not a directory that can be opened.
+    DriveSetError
+        If another drive of the state is missing, holds no member record of
+        this state, is another drive of it, or the list's length differs from
+        the state's count.
     CorruptStateError
         If the manifest is missing, not a regular file, too large, corrupt, or
         holds a value of the wrong type or out of bounds. A state left dirty by a
@@ -101,34 +118,66 @@ class StateReader:
         If the manifest was written by another format version.
     """
 
-    def __init__(self, path: str | os.PathLike, *, progress: Callable[[int], object] | None = None) -> None:
-        checked = state_dir_path(path, name="path")
-        if checked is None:
+    def __init__(
+        self, path: str | os.PathLike | list[str | os.PathLike], *, progress: Callable[[int], object] | None = None
+    ) -> None:
+        given = state_dir_paths(path, name="path")
+        if given is None:
             raise StateDirError("StateReader needs the path of a state directory, got None")
-        self.path = checked
+        self.path = given[0]
         self.progress = progress
-        self._files: dict[int, ShardFile] = {}
+        self._files: dict[tuple[int, int], ShardFile] = {}
         self._buffer: HostBuffer | None = None
         self._wide: torch.Tensor | None = None
-        try:
-            self._dir_fd: int | None = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | O_CLOEXEC)
-        except FileNotFoundError:
-            raise CorruptStateError(f"{self.path / MANIFEST} is missing; this directory holds no committed state") from None
-        except OSError as exc:
-            raise StateDirError(
-                f"cannot open the state directory {self.path}: {exc.strerror}; pass a directory you can read"
-            ) from exc
+        self._dir_fds: list[int] = []
+        self._dir_fd: int | None = _open_dir(self.path, missing=CorruptStateError(
+            f"{self.path / MANIFEST} is missing; this directory holds no committed state"))  # fmt: skip
+        self._dir_fds.append(self._dir_fd)
         try:
             self.manifest = read_manifest_file(self.path / MANIFEST, dir_fd=self._dir_fd)
             self.layout: Layout = manifest_mod.saved_layout(self.manifest, str(self.path))
+            #: Every directory of the state, the home first.
+            self.paths: list[Path] = self._open_drives(given)
         except BaseException:
             self.close()
             raise
         self.clean = bool(self.manifest.get("clean", True))
         self.records: list[dict] = self.manifest["shards"]
-        self._offsets = [0]
-        for shard in self.layout.shards:
-            self._offsets.append(self._offsets[-1] + self.layout.shard_nbytes(shard))
+        sizes = [self.layout.shard_nbytes(shard) for shard in self.layout.shards]
+        record = self.manifest.get("drives")
+        #: The drive of each shard (all 0 in a one-directory state).
+        self.placement: list[int] = list(record["placement"]) if record else [0] * len(sizes)
+        self._offsets, self._drive_nbytes = drive_offsets(sizes, self.placement, drives=len(self.paths))
+
+    def _open_drives(self, given: list[Path]) -> list[Path]:
+        """Open the state's other directories (given, else recorded) and check their member records."""
+        record = self.manifest.get("drives")
+        count = 1 if record is None else int(record["count"])
+        if len(given) > 1 and len(given) != count:
+            spans = "one directory" if count == 1 else f"{count} directories ({record['paths']!r})"
+            raise DriveSetError(
+                f"path lists {len(given)} directories, the state in {str(self.path)!r} spans {spans}; pass its "
+                "home alone, or all of its directories in order, home first"
+            )
+        if count == 1:
+            return [self.path]
+        paths = given if len(given) > 1 else [self.path] + [Path(p) for p in record["paths"][1:]]
+        for k in range(1, count):
+            how = "given" if len(given) > 1 else "recorded in its manifest"
+            fd = _open_dir(paths[k], missing=DriveSetError(
+                f"drive {k} of the state in {str(self.path)!r} is missing: {str(paths[k])!r} ({how}) does not "
+                "exist. Mount the drive, or pass all of the state's directories where they are now, home first"))  # fmt: skip
+            self._dir_fds.append(fd)
+            member = read_member_at(fd, paths[k] / MEMBER)
+            if member is None or member.state != record["id"] or member.index != k:
+                what = "holds no member record" if member is None else (
+                    f"belongs to another state (id {member.state})" if member.state != record["id"]
+                    else f"is drive {member.index} of this state, not drive {k}")  # fmt: skip
+                raise DriveSetError(
+                    f"{str(paths[k])!r} ({how} as drive {k} of the state in {str(self.path)!r}) {what}; pass all "
+                    "of the state's directories where they are now, in the state's order, home first"
+                )
+        return paths
 
     def _lstat(self, name: str) -> os.stat_result | None:
         """``name`` in the directory, not followed if it is a link (``None``: absent)."""
@@ -156,28 +205,59 @@ class StateReader:
         return list(self.manifest["param_steps"])
 
     def file_sizes(self) -> dict[str, int]:
-        """Bytes on disk (allocated) of each state file present."""
+        """Bytes on disk (allocated) of each state file present: the home's by name, another drive's
+        as ``drive{k}/name``."""
         sizes = {}
-        for name in STATE_FILES:
-            st = self._lstat(name)
-            if st is not None:
-                sizes[name] = st.st_blocks * 512
+        for k in range(len(self.paths)):
+            for name in STATE_FILES:
+                try:
+                    st = os.stat(name, dir_fd=self._drive_fd(k), follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                sizes[name if k == 0 else f"drive{k}/{name}"] = st.st_blocks * 512
         return sizes
 
+    def drive_shares(self) -> list[dict[str, Any]]:
+        """What each drive holds: its directory, the shards placed there and their bytes (one copy).
+
+        Example
+        -------
+        >>> import tempfile, torch
+        >>> from tierstore import TieredAdamW
+        >>> d = tempfile.mkdtemp(); w = torch.nn.Parameter(torch.zeros(3)); w.grad = torch.ones(3)
+        >>> with TieredAdamW([w], state_dir=d) as opt:
+        ...     _ = opt.step()
+        >>> with StateReader(d) as r:
+        ...     [(s["shards"], s["bytes"]) for s in r.drive_shares()]
+        [(1, 8192)]
+        """
+        counts = [0] * len(self.paths)
+        for drive in self.placement:
+            counts[drive] += 1
+        return [{"index": k, "path": str(p), "shards": counts[k], "bytes": self._drive_nbytes[k]} for k, p in enumerate(self.paths)]
+
+    def file_path(self, index: int, copy: int) -> Path:
+        """The state file holding copy ``copy`` of shard ``index`` (on the shard's drive)."""
+        return self.paths[self.placement[index]] / STATE_FILES[copy]
+
     # -- shard access -------------------------------------------------
-    def _file(self, copy: int) -> ShardFile:
-        if copy not in self._files:
-            path = self.path / STATE_FILES[copy]
+    def _drive_fd(self, k: int) -> int:
+        self._open_dir()
+        return self._dir_fds[k]
+
+    def _file(self, drive: int, copy: int) -> ShardFile:
+        if (drive, copy) not in self._files:
+            path = self.paths[drive] / STATE_FILES[copy]
             for backend in READ_BACKENDS:
                 try:
-                    self._files[copy] = open_backend(
-                        backend, path, self._offsets[-1], create=False, readonly=True, dir_fd=self._open_dir()
+                    self._files[drive, copy] = open_backend(
+                        backend, path, self._drive_nbytes[drive], create=False, readonly=True, dir_fd=self._drive_fd(drive)
                     )
                     break
                 except BackendError:  # O_DIRECT refused here (tmpfs on older kernels): read through the cache
                     if backend == READ_BACKENDS[-1]:
                         raise
-        return self._files[copy]
+        return self._files[drive, copy]
 
     def _offset(self, index: int) -> int:
         return self._offsets[index]
@@ -189,7 +269,7 @@ class StateReader:
             self._buffer = HostBuffer(self.layout.slot_nbytes, pin=False)
         view = self._buffer.view[:nbytes]
         try:
-            self._file(copy).read_into(view, offset)
+            self._file(self.placement[index], copy).read_into(view, offset)
         finally:
             if self.progress is not None:
                 self.progress(nbytes)
@@ -209,7 +289,7 @@ class StateReader:
             raise CorruptStateError(_uncommitted(index, self.path))
         flat, got, offset, nbytes = self._read(index, rec["copy"])
         if got != rec["checksum"]:
-            raise checksum_mismatch(index, self.path / STATE_FILES[rec["copy"]], offset, nbytes, rec["checksum"], got)
+            raise checksum_mismatch(index, self.file_path(index, rec["copy"]), offset, nbytes, rec["checksum"], got)
         return flat
 
     def read_shard(self, index: int) -> torch.Tensor:
@@ -303,10 +383,10 @@ class StateReader:
         problems = []
         for shard in self.layout.shards:
             if self.clean and self.records[shard.index]["checksum"] is None:
-                name = str(self.path / STATE_FILES[self.records[shard.index]["copy"]])
+                name = str(self.file_path(shard.index, self.records[shard.index]["copy"]))
                 problems.append(Problem(shard.index, name, self._offset(shard.index), self.layout.shard_nbytes(shard), _uncommitted(shard.index, self.path), "error"))
             for copy, expected, severity in self._checks(shard):
-                name = str(self.path / STATE_FILES[copy])
+                name = str(self.file_path(shard.index, copy))
                 try:
                     _, got, offset, nbytes = self._read(shard.index, copy)
                 except CorruptStateError as exc:
@@ -326,12 +406,13 @@ class StateReader:
             self._buffer.close()
             self._buffer = None
         self._wide = None
-        fd, self._dir_fd = self._dir_fd, None
-        if fd is not None:
+        self._dir_fd = None
+        fds, self._dir_fds = self._dir_fds, []
+        for fd in fds:
             os.close(fd)
 
     def __del__(self) -> None:  # a reader used without ``with`` or close() must not leak descriptors
-        if getattr(self, "_dir_fd", None) is not None:
+        if getattr(self, "_dir_fds", None):
             with contextlib.suppress(Exception):
                 self.close()
 
@@ -340,3 +421,14 @@ class StateReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _open_dir(path: Path, *, missing: Exception) -> int:
+    """A directory's descriptor (a link the caller named is followed, once); ``missing`` if it does not exist."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | O_CLOEXEC)
+    except FileNotFoundError:
+        raise missing from None
+    except OSError as exc:
+        raise StateDirError(f"cannot open the state directory {path}: {exc.strerror}; pass a directory you can read") from exc
+

@@ -66,6 +66,7 @@ from ..errors import (
     TierstoreError,
 )
 from .atomic_write import atomic_write, fsync_dir, write_all, write_error
+from .drive_record import MEMBER
 from .manifest import short_repr
 from .manifest_file import (
     FORMAT_NAME,
@@ -85,8 +86,9 @@ INFLIGHT = ".inflight"  # present while a step may be overwriting stale copies
 
 MAX_HOLDER_BYTES = 4 << 10  # 4 KiB: the holder record is a few dozen bytes
 _HOLDER_TMP = (".lock-", ".tmp")  # a holder record being written: prefix and suffix
-#: The names tierstore writes in a state directory; anything else makes it foreign.
-OWN_NAMES = frozenset({MANIFEST, MANIFEST_TMP, LOCK, INFLIGHT, *STATE_FILES})
+#: The names tierstore writes in a state directory (a member record only in a state over several); anything
+#: else makes it foreign.
+OWN_NAMES = frozenset({MANIFEST, MANIFEST_TMP, LOCK, INFLIGHT, *STATE_FILES, MEMBER, f".{MEMBER}.tmp"})
 HARMLESS_NAMES = frozenset({"lost+found"})  # a filesystem's root: a drive given whole
 _OPEN_ATTEMPTS = 5  # opens of a directory removed under us before giving up
 
@@ -116,7 +118,8 @@ def state_dir_path(value: Any, *, name: str = "state_dir") -> Path | None:
     if not isinstance(text, str):
         raise ConfigTypeError(
             f"{name}={short_repr(value)} ({type(value).__name__}) must be a path: a str or os.PathLike, e.g. "
-            f"{name}='./optimizer-state' (or None for a private temporary directory)"
+            f"{name}='./optimizer-state' (or a list of them, one per drive; or None for a private temporary "
+            "directory)"
         )
     if text == "":
         raise ConfigError(
@@ -340,9 +343,9 @@ class StateDir:
         return True
 
     def holds_state(self) -> bool:
-        """True if a manifest or any state file of a previous run is present."""
+        """True if a manifest, a member record or any state file of a previous run is present."""
         names = os.listdir(self._fd())
-        return MANIFEST in names or any(n.startswith("shards") and n.endswith(".bin") for n in names)
+        return MANIFEST in names or MEMBER in names or any(n.startswith("shards") and n.endswith(".bin") for n in names)
 
     def read_manifest(self) -> dict:
         """The manifest, checked for integrity, format, version and content.

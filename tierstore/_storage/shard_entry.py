@@ -28,8 +28,8 @@ class ShardEntry:
     :class:`~tierstore._state.journal.Journal`; the I/O workers, which never touch
     an entry):
 
-    - ``index``, ``tier``, ``nbytes``, ``offset``: fixed when the store is
-      built; any thread reads them.
+    - ``index``, ``tier``, ``nbytes``, ``offset``, ``drive``: fixed when the
+      store is built; any thread reads them.
     - ``copy``, ``checksum``, ``written_step``, ``stale_checksum`` (the
       committed record) and ``pending`` (the newest write since the last
       commit): *the books*, shared by the step side (reads pick the newest
@@ -48,7 +48,8 @@ class ShardEntry:
     index: int
     tier: str  # "ram" or "disk"
     nbytes: int
-    offset: int  # byte offset of the extent in every state file
+    offset: int  # byte offset of the extent in every state file of its drive
+    drive: int = 0  # the drive (directory) whose state files hold its copies
     copy: int = 0  # books: the file holding the committed bytes
     checksum: str | None = None  # books: checksum of the committed bytes (None: nothing committed)
     written_step: int = -1  # books: the step_count whose commit wrote the committed bytes

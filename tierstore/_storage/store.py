@@ -9,6 +9,11 @@ Files. Each state file (``shards.0.bin``, and ``shards.1.bin`` when durable)
 has one extent per shard at a fixed offset (shards in index order), so the
 files do not depend on which shards are resident: a run may resume with
 another ``ram_budget``. Only extents that will be written are allocated.
+A state over several directories (drives) has these files in each: a
+drive's files hold the shards placed on it (``placement``), back to back in
+index order, and each drive has its own I/O queue
+(:class:`~tierstore._storage.drive_files.DriveFiles`); a commit syncs every
+drive's files, in parallel, before the caller publishes the manifest.
 
 Durability. With ``durable=True`` every write goes into the copy that is
 *not* committed: a streamed shard's each time it changes, a resident shard's
@@ -52,9 +57,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -63,17 +67,18 @@ from .._layout.budget import TierPlan
 from .._layout.layout import STATE_ITEMSIZE, Layout, round_up
 from .._platform.faults import crash_point
 from .._platform.hostmem import HostBuffer, PinBudget
-from ..backends import ShardFile, open_backend, resolve_backend
-from ..backends.base import O_CLOEXEC
+from ..backends import ShardFile
 from ..errors import ClosedError, ConfigError, CorruptStateError
+from .drive_files import STATE_FILES, DriveFiles
 from .integrity import CHECKSUM_BLOCK, BlockDigests, checksum_mismatch
+from .placement import check_placement, drive_offsets
 from .shard_entry import ShardEntry
 from .shard_transfer import ShardTransfer
 from .transfer import IOQueue
 
 log = logging.getLogger(__name__)
 
-STATE_FILES = ("shards.0.bin", "shards.1.bin")
+__all__ = ["ShardStore", "STATE_FILES"]
 MIN_PIN_SLACK = 3 * 4096  # each of the three buffers is rounded up to whole pages when pinned
 
 
@@ -99,6 +104,11 @@ class ShardStore:
         The state directory's open descriptor (:attr:`StateDir.fd
         <tierstore._state.statedir.StateDir.fd>`): files are opened relative to it.
         ``None``: the store opens ``directory`` itself when it needs files.
+    drives
+        A state over several directories: ``(directory, dir_fd)`` of each, the
+        home first (``directory`` and ``dir_fd`` are then ignored).
+    placement
+        The drive of each shard (``None``: all in the first).
     """
 
     def __init__(
@@ -106,17 +116,24 @@ class ShardStore:
         layout: Layout,
         plan: TierPlan,
         *,
-        directory: Path | str | None,
+        directory: Path | str | None = None,
         dir_fd: int | None = None,
         backend: str = "auto",
         io_workers: int = 8,
         request_bytes: int = 1 << 20,
         pin: bool | None = None,
         durable: bool = False,
+        drives: Sequence[tuple[Path | str | None, int | None]] | None = None,
+        placement: Sequence[int] | None = None,
     ) -> None:
         self.layout = layout
         self.plan = plan
-        self.directory = Path(directory) if directory is not None else None
+        if drives is None:
+            drives = [(directory, dir_fd)]
+        if placement is None:
+            placement = [0] * len(layout.shards)
+        placement = check_placement(placement, shards=len(layout.shards), drives=len(drives))
+        self.directory = Path(drives[0][0]) if drives[0][0] is not None else None  # the home
         self.backend_name = backend
         self.io_workers = io_workers
         self.request_bytes = round_up(request_bytes, CHECKSUM_BLOCK)
@@ -124,38 +141,45 @@ class ShardStore:
         # Pinned memory cannot be paged out: never pin more than the plan's RAM (the budget).
         self.pins = PinBudget(plan.ram_nbytes + MIN_PIN_SLACK)
         self.durable = durable
-        self._given_dir_fd = dir_fd
-        self._dir_fd: int | None = None  # the store's own descriptor of ``directory`` (none given), while open
         #: Guards every entry's books (see :class:`ShardEntry`): the step side and the commit thread share them.
         self.books = threading.Lock()
         self._commit_thread: int | None = None  # the thread that adopts commits (persist=False), once one did
         resident = set(plan.resident)
         self.entries: list[ShardEntry] = []
         self._resident_offset: dict[int, int] = {}
-        file_offset = 0
+        sizes = [layout.shard_nbytes(shard) for shard in layout.shards]
+        offsets, per_drive = drive_offsets(sizes, placement, drives=len(drives))
         resident_offset = 0
-        for shard in layout.shards:
-            nbytes = layout.shard_nbytes(shard)
+        for shard, nbytes, offset, drive in zip(layout.shards, sizes, offsets, placement):
             tier = "ram" if shard.index in resident else "disk"
-            self.entries.append(ShardEntry(shard.index, tier, nbytes, file_offset))
-            file_offset += nbytes
+            self.entries.append(ShardEntry(shard.index, tier, nbytes, offset, drive=drive))
             if tier == "ram":
                 self._resident_offset[shard.index] = resident_offset
                 resident_offset += nbytes
-        self.file_nbytes = file_offset
-        self.files: list[ShardFile] = []
-        self.io: IOQueue | None = None
+        #: Each drive's files and I/O queue, the home first (see :mod:`tierstore._storage.drive_files`).
+        self.drives = [
+            DriveFiles(k, path, fd, nbytes=per_drive[k], backend=backend, io_workers=io_workers,
+                       request_bytes=self.request_bytes)
+            for k, (path, fd) in enumerate(drives)
+        ]  # fmt: skip
         self._resident: HostBuffer | None = None
         self._arena: HostBuffer | None = None
         self._staging: HostBuffer | None = None
         self._scratch: HostBuffer | None = None
-        self._dirty_copies: set[int] = set()
-        self._dirty_lock = threading.Lock()
         # Called before every write of a streamed shard; the journal sets it to "wait until no
         # commit in flight needs the copies this write may overwrite", so no writer can forget it.
         self.write_fence: Callable[[], object] | None = None
-        self._created: list[Path] = []
         self.is_open = False
+
+    @property
+    def files(self) -> list[ShardFile]:
+        """Every open state file, drive by drive (empty while none is open)."""
+        return [f for drive in self.drives for f in drive.files]
+
+    @property
+    def backend_names(self) -> list[str]:
+        """Each drive's backend (``"auto"`` until its files are open)."""
+        return [drive.backend_name for drive in self.drives]
 
     # -- lifecycle ----------------------------------------------------
     @property
@@ -203,12 +227,9 @@ class ShardStore:
             if committed is not None:
                 self._load_resident()
         except BaseException:
-            created, self._created = self._created, []
-            if created:  # a failed start leaves no half-made files behind
-                dir_fd = self._directory_fd()
-                for path in created:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(path.name, dir_fd=dir_fd)
+            for drive in self.drives:  # a failed start leaves no half-made files behind
+                with contextlib.suppress(OSError):
+                    drive.remove_created()
             self.close()
             raise
         return self
@@ -235,48 +256,22 @@ class ShardStore:
                 entry.written_step = int(rec.get("written_step", -1))
                 entry.stale_checksum = rec.get("stale_checksum")
 
-    def _directory_fd(self) -> int:
-        """The directory's descriptor: the one the store was given, else one it opened (and closes)."""
-        if self._given_dir_fd is not None:
-            # Borrowed: the StateDir that owns it is closed only after this store (Runtime.release).
-            return self._given_dir_fd
-        if self._dir_fd is None:
-            try:
-                self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | O_CLOEXEC)
-            except OSError as exc:
-                raise CorruptStateError(
-                    f"cannot open the state directory {self.directory}: {exc.strerror}; pass an "
-                    "existing directory you can read and write"
-                ) from exc
-        return self._dir_fd
-
-    def _exists(self, name: str) -> bool:
-        try:
-            os.stat(name, dir_fd=self._directory_fd(), follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        return True
-
     def _open_files(self, *, resume: bool) -> None:
         if self.directory is None:
             raise ConfigError("a store with state on disk needs a directory")
-        dir_fd = self._directory_fd()
-        self.backend_name = resolve_backend(self.backend_name, self.directory, dir_fd=dir_fd)
+        # Borrowed descriptors: the StateDirs that own them are closed only after this store (Runtime.release).
+        persists_anything = self.persists_anything
         with self.books:
-            used_copies = {e.copy for e in self.entries if e.checksum is not None}
-        for c in range(max(self.copies, max(used_copies, default=0) + 1)):
-            path = self.directory / STATE_FILES[c]
-            must_exist = resume and c in used_copies
-            if not self._exists(path.name):
-                self._created.append(path)
-            self.files.append(
-                open_backend(self.backend_name, path, self.file_nbytes, create=not must_exist, dir_fd=dir_fd)
-            )
-        for entry in self.entries:
-            if self.persisted(entry.index) or not self.persists_anything:
-                for f in self.files[: self.copies]:
-                    f.allocate(entry.offset, entry.nbytes)
-        self.io = IOQueue(workers=self.io_workers, request_bytes=self.request_bytes)
+            used = [{e.copy for e in self.entries if e.drive == k and e.checksum is not None} for k in range(len(self.drives))]
+        every = set().union(*used)
+        for k, drive in enumerate(self.drives):
+            # Copies opened alike on every drive: a drive holding no committed shard still opens
+            # the copy another drive's shards are committed in.
+            extents = [(e.offset, e.nbytes) for e in self.entries
+                       if e.drive == k and (self.persisted(e.index) or not persists_anything)]  # fmt: skip
+            drive.open(copies=max(self.copies, max(every, default=0) + 1), allocated=self.copies,
+                       must_exist=used[k] if resume else set(), extents=extents)  # fmt: skip
+        self.backend_name = self.drives[0].backend_name
 
     def _load_resident(self) -> None:
         transfers = []
@@ -289,15 +284,8 @@ class ShardStore:
 
     def close(self) -> None:
         """Free memory, stop workers, close files (nothing is flushed); safe to call twice."""
-        if self.io is not None:
-            self.io.close()
-            self.io = None
-        for f in self.files:
-            f.close()
-        self.files = []
-        if self._dir_fd is not None:
-            os.close(self._dir_fd)
-            self._dir_fd = None
+        for drive in self.drives:
+            drive.close()
         for name in ("_resident", "_arena", "_staging", "_scratch"):
             buf = getattr(self, name)
             if buf is not None:
@@ -365,9 +353,20 @@ class ShardStore:
         return self._staging.tensor[which * size : (which + 1) * size].view(torch.float32)
 
     # -- disk ---------------------------------------------------------
-    def file_path(self, copy: int) -> Path:
-        assert self.directory is not None
-        return self.directory / STATE_FILES[copy]
+    @property
+    def io(self) -> IOQueue | None:
+        """The home drive's I/O queue (``None`` until files are open); each drive has its own."""
+        return self.drives[0].io
+
+    def file_path(self, copy: int, drive: int = 0) -> Path:
+        return self.drives[drive].file_path(copy)
+
+    def drive_shares(self) -> list[tuple[Path | None, int, int, str]]:
+        """Each drive's directory, the shards placed on it, their bytes (one copy) and its backend."""
+        counts = [0] * len(self.drives)
+        for entry in self.entries:
+            counts[entry.drive] += 1
+        return [(d.directory, counts[k], d.nbytes, d.backend_name) for k, d in enumerate(self.drives)]
 
     def books_of(self, index: int) -> tuple[int, str | None, tuple[int, str] | None]:
         """Shard ``index``'s committed copy, its checksum and its pending write, read together."""
@@ -376,7 +375,8 @@ class ShardStore:
             return entry.copy, entry.checksum, entry.pending
 
     def _read_into(self, entry: ShardEntry, view: memoryview) -> ShardTransfer:
-        assert self.io is not None
+        drive = self.drives[entry.drive]
+        assert drive.io is not None
         digests = BlockDigests(entry.nbytes)
         # The newest bytes: the copy written since the last commit, else the committed one.
         committed, checksum, pending = self.books_of(entry.index)
@@ -384,28 +384,28 @@ class ShardStore:
         if expected is None:
             # Nothing was ever written or committed here: the bytes would be unverified.
             raise CorruptStateError(
-                f"shard {entry.index} has no verified bytes in {self.file_path(copy)} (never written, "
+                f"shard {entry.index} has no verified bytes in {drive.file_path(copy)} (never written, "
                 "nothing committed); restore the state directory from a checkpoint"
             )
-        transfer = self.io.read(self.files[copy], view, entry.offset, on_chunk=digests.update)
+        transfer = drive.io.read(drive.files[copy], view, entry.offset, on_chunk=digests.update)
 
         def verify() -> None:
             crash_point("after-read")
             got = digests.value()
             if got != expected:
-                raise checksum_mismatch(entry.index, self.file_path(copy), entry.offset, entry.nbytes, expected, got)
+                raise checksum_mismatch(entry.index, drive.file_path(copy), entry.offset, entry.nbytes, expected, got)
 
         return ShardTransfer(transfer, verify)
 
     def _write_from(self, entry: ShardEntry, view: memoryview) -> ShardTransfer:
-        assert self.io is not None
+        drive = self.drives[entry.drive]
+        assert drive.io is not None
         digests = BlockDigests(entry.nbytes)
         committed, checksum, _ = self.books_of(entry.index)
         # Durable: never overwrite the committed copy. Fresh shards start in copy 0.
         copy = 1 - committed if (self.durable and checksum is not None) else committed
-        with self._dirty_lock:
-            self._dirty_copies.add(copy)
-        transfer = self.io.write(self.files[copy], view, entry.offset, on_chunk=digests.update)
+        drive.mark_dirty(copy)
+        transfer = drive.io.write(drive.files[copy], view, entry.offset, on_chunk=digests.update)
 
         def record() -> None:  # runs on whichever thread waits first (the step side or the commit thread)
             value = (copy, digests.value())
@@ -508,13 +508,8 @@ class ShardStore:
                     transfer.wait()
                     entry.persist = None
         if self.durable if sync is None else sync:
-            with self._dirty_lock:  # files written since the last sync, however many commits ago
-                dirty = sorted(self._dirty_copies)
             crash_point("before-sync")
-            for copy in dirty:
-                self.files[copy].sync()
-            with self._dirty_lock:  # forgotten only once synced: a failed sync is not "done"
-                self._dirty_copies.difference_update(dirty)
+            self._sync_drives()
         with self.books:
             for entry in self.entries:
                 if entry.pending is not None:
@@ -524,6 +519,19 @@ class ShardStore:
                     entry.copy, entry.checksum = copy, checksum
                     entry.written_step = step
                     entry.pending = None
+
+    def _sync_drives(self) -> None:
+        """Sync every drive's files written since their last sync (however many commits ago), the
+        drives in parallel; raise the first error once every drive's sync ended."""
+        syncs = [f for f in (drive.start_sync() for drive in self.drives if drive.is_open) if f is not None]
+        error: BaseException | None = None
+        for future in syncs:
+            try:
+                future.result()
+            except BaseException as exc:  # re-raised below, after the other drives' syncs ended
+                error = error or exc
+        if error is not None:
+            raise error
 
     def abort(self) -> None:
         """Forget writes since the last commit: the committed copies stay authoritative (step side)."""
@@ -539,7 +547,7 @@ class ShardStore:
     def flush_resident(self) -> None:
         """Write every resident shard to disk (a non-durable store's clean close)."""
         self._require_open()
-        if self.io is None:  # everything was resident: no file was needed until now
+        if not self.drives[0].is_open:  # everything was resident: no file was needed until now
             self._open_files(resume=False)
         transfers = [self.write_resident(e.index) for e in self.entries if e.tier == "ram"]
         for t in transfers:

@@ -139,6 +139,10 @@ class IOQueue:
         """Start writing ``buffer`` to ``file`` at ``offset``."""
         return self._split("write", self._write_one, file, buffer, offset, on_chunk)
 
+    def call(self, fn: Callable[..., object], *args: object) -> Future:
+        """Run ``fn(*args)`` on a write worker (a drive's sync, beside the other drives' syncs)."""
+        return self._submit("write", fn, *args)
+
     def _split(self, kind: str, one: Callable[..., None], file: ShardFile, buffer: memoryview, offset: int, hook: ChunkHook | None) -> Transfer:
         step = self.request_bytes if file.parallel else max(len(buffer), 1)
         futures = [

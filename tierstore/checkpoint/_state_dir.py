@@ -92,9 +92,13 @@ def check_state_files(state_dir: str | os.PathLike) -> Path:
     return path
 
 
-def open_state_reader(state_dir: str | os.PathLike) -> Any:
+def open_state_reader(state_dir: str | os.PathLike | list[str | os.PathLike]) -> Any:
     """A :class:`~tierstore._state.reader.StateReader` over ``state_dir``, its files checked first (:func:`check_state_files`)
     and its manifest's step counts, param groups and shard records checked (:func:`check_manifest_header`).
+
+    ``state_dir``: a state directory, or the home of a state over several
+    (its other directories are found at the paths its manifest recorded), or
+    the list of all of them, home first.
 
     Raises
     ------
@@ -116,7 +120,8 @@ def open_state_reader(state_dir: str | os.PathLike) -> Any:
     """
     from .._state.reader import StateReader
 
-    reader = StateReader(check_state_files(state_dir))
+    given = state_dir if isinstance(state_dir, (list, tuple)) else [state_dir]
+    reader = StateReader([check_state_files(d) for d in given])
     try:
         check_manifest_header(reader)
     except BaseException:
