@@ -11,6 +11,7 @@ fronts exist; the real fronts' cases run where they are importable.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -30,6 +31,7 @@ from tierstore import (
 )
 from tierstore._compute.algorithms import ADAMW, FLAG, NUMBER, Algorithm, FieldSpec
 from tierstore._compute.algorithms.adamw import AdamW
+from tierstore._compute.formats import FORMATS
 from tierstore._layout import layout as layout_module
 from tierstore._state import manifest as manifest_module
 from tierstore._state.statedir import MANIFEST
@@ -395,3 +397,91 @@ def test_dcp_refuses_an_algorithm_with_scalars_it_does_not_record(monkeypatch: p
         with pytest.raises(ConfigError, match="TieredAdamLike's state keeps a per-parameter mu_product that "
                            "TieredStateful does not record"):  # fmt: skip
             TieredStateful(opt)
+
+
+# -- plan: bytes per parameter from the algorithm's fields -----------------------------------
+
+
+def _planned(name: str, options: tuple[str, ...] = (), **kwargs: Any):
+    from tierstore.planner import plan_memory
+
+    return plan_memory(1_000_000, host_ram=64 << 30, optimizer=name, options=options, **kwargs)
+
+
+def _every_registered() -> list[tuple[str, tuple[str, ...]]]:
+    """Each registered algorithm with all its field-adding options, and with none where it then keeps a field."""
+    cases = []
+    for algorithm in registry.ALGORITHMS.values():
+        every = tuple(sorted({f.option for f in algorithm.fields if f.option is not None}))
+        cases.append((algorithm.name, every))
+        if every and algorithm.fields_for(()):
+            cases.append((algorithm.name, ()))
+    return cases
+
+
+@pytest.mark.parametrize(("name", "options"), _every_registered())
+def test_plan_counts_each_registered_algorithms_bytes_per_parameter(name: str, options: tuple[str, ...]) -> None:
+    algorithm = registry.ALGORITHMS[name]
+    fields = algorithm.fields_for(options)
+    plan = _planned(name, options)
+    assert plan.optimizer == name and plan.options == options and plan.fields == fields
+    assert plan.state_bytes_per_param == 4 * len(fields)  # fp32 fields, no master for fp32 CPU training
+    assert plan.torch.optimizer == 4 * len(fields) * 1_000_000
+    mixed = _planned(name, options, precision="bf16")  # an fp32 master joins the fields
+    assert mixed.fields == ("master", *fields) and mixed.state_bytes_per_param == 4 * (len(fields) + 1)
+    # A compressed format stores only the fields the algorithm lets it store (where it takes one at all).
+    try:
+        getattr(algorithm, "check_format", lambda *a: None)(frozenset(options), "int8")
+    except ConfigError as refused:
+        with pytest.raises(ConfigError, match=re.escape(str(refused)[:40])):
+            _planned(name, options, moment_dtype="int8")
+        return
+    int8 = _planned(name, options, moment_dtype="int8")
+    compressed = [f for f in fields if algorithm.field(f).compressible]
+    code = FORMATS["int8"].bytes_per_element  # 1 B and a 4 B scale per 256 elements
+    assert int8.state_bytes_per_param == pytest.approx(4 * (len(fields) - len(compressed)) + code * len(compressed))
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "nbytes"),
+    [("sgd", ("momentum",), 4), ("adagrad", (), 4), ("adam", (), 8), ("adam", ("amsgrad",), 12), ("adamw", (), 8),
+     ("adamw", ("amsgrad",), 12)],
+)  # fmt: skip
+def test_plan_bytes_per_parameter_of_torchs_fronts(name: str, options: tuple[str, ...], nbytes: int) -> None:
+    """The issue's figures: SGD with momentum one field, Adagrad one, Adam two, amsgrad three."""
+    if name not in registry.ALGORITHMS:
+        pytest.skip(f"{name} is not registered in this tierstore yet")
+    assert _planned(name, options).state_bytes_per_param == nbytes
+
+
+def test_plan_refuses_an_unknown_optimizer_an_option_it_lacks_and_a_stateless_state(registered) -> None:
+    with pytest.raises(ConfigError, match=r"unknown optimizer algorithm 'lamb'; tierstore knows \['adamlike', 'adamw', "):
+        _planned("lamb")
+    with pytest.raises(ConfigError, match=r"optimizer 'adamw' \(torch.optim.AdamW\) has no option 'momentum' that adds "
+                       r"a state field; its options are \['amsgrad'\]"):  # fmt: skip
+        _planned("adamw", ("momentum",))
+    with pytest.raises(ConfigError, match=r"optimizer 'momentum' \(torch.optim.SGD\) has no option 'amsgrad'"):
+        _planned("momentum", amsgrad=True)
+    with pytest.raises(ConfigError, match=r"torch.optim.SGD keeps no per-element state on fp32 parameters .* pass "
+                       r"options=\['momentum'\] \(plan --option momentum\) for its momentum_buffer \(momentum=0.9\)"):  # fmt: skip
+        _planned("momentum")
+    assert _planned("momentum", precision="bf16").fields == ("master",)  # the master alone is state to plan
+
+
+def test_plan_cli_takes_the_optimizer_and_its_options(registered, capsys) -> None:
+    argv = ["plan", "--params", "1M", "--host-ram", "64GiB"]
+    assert main([*argv, "--optimizer", "momentum", "--option", "momentum", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["optimizer"], plan["options"], plan["fields"]) == ("momentum", ["momentum"], ["momentum_buffer"])
+    assert plan["state_bytes_per_param"] == 4 and plan["amsgrad"] is False
+    assert main([*argv, "--optimizer", "momentum", "--option", "momentum"]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0] == "tierstore plan: 1M trainable params (0 frozen), fp32, SGD momentum"
+    assert "optimizer state: 4 B/param (momentum_buffer 4)" in text
+    assert "plain torch.optim.SGD (host RAM): " in text and "TieredMomentum(..., ram_budget=" in text
+    assert main([*argv, "--amsgrad"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("fp32, AdamW amsgrad")
+    assert main([*argv, "--optimizer", "lamb"]) == 2
+    assert "unknown optimizer algorithm 'lamb'" in capsys.readouterr().err
+    assert main([*argv, "--optimizer", "momentum"]) == 2
+    assert "keeps no per-element state" in capsys.readouterr().err

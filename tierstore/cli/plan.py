@@ -67,7 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--model", metavar="MODULE:FACTORY", help="a factory returning an nn.Module, or a tuple starting with one (diagnose's (model, batch, loss_fn) works); the model is built on the meta device and its parameters counted")
     parser.add_argument("--frozen", default="0", help="frozen parameters (with --params): weights only")
     parser.add_argument("--precision", choices=sorted(PRECISION_DTYPES), help="fp32, or bf16/fp16 mixed precision with an fp32 master (default: fp32, or the model's dtype)")
-    parser.add_argument("--amsgrad", action="store_true", help="AdamW with amsgrad (+4 B/param)")
+    parser.add_argument("--optimizer", default="adamw", metavar="NAME", help="the optimizer algorithm, by its tierstore name: adamw (default), adam, sgd, adagrad, ... (an unknown name is refused, naming the known ones); its fields are the state")
+    parser.add_argument("--option", action="append", default=[], metavar="OPTION", help="an option of the optimizer that adds a state field (+4 B/param each): amsgrad (adamw, adam), momentum (sgd); repeat for several")
+    parser.add_argument("--amsgrad", action="store_true", help="AdamW with amsgrad (+4 B/param): --option amsgrad")
     parser.add_argument("--moment-dtype", default="float32", type=_moment_dtype, help="how the moments are stored (default float32: bitwise torch AdamW; bfloat16 or bf16: 2 B, int8: 1.016 B per moment element)")
     parser.add_argument("--gpu-memory", metavar="SIZE", help="the model trains on a GPU with this much memory, e.g. 80GB")
     parser.add_argument("--gpu", action="store_true", help="the model trains on a GPU of unknown size")
@@ -85,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write-gbps", help="drive write bandwidth, GB/s (overrides --io-json)")
     parser.add_argument("--pcie-gbps", help="host<->GPU bandwidth per direction, GB/s")
     parser.add_argument("--memory-gbps", help="host memory copy bandwidth, GB/s (overrides --io-json)")
-    parser.add_argument("--update-gparams", default=str(DEFAULT_UPDATE_GPARAMS), help="CPU AdamW update rate, Gparam/s (default 1)")
+    parser.add_argument("--update-gparams", default=str(DEFAULT_UPDATE_GPARAMS), help="CPU update rate of the optimizer, Gparam/s (default 1, fused AdamW's order of magnitude)")
     parser.add_argument("--drive-tbw", help="the drive's rated endurance, TB written, e.g. 600")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (every number, the verdict and the shortfalls)")
     parser.add_argument(
@@ -163,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
         host_ram=host_ram,
         frozen=frozen,
         precision=args.precision,
+        optimizer=args.optimizer,
+        options=args.option,
         amsgrad=args.amsgrad,
         gpu=args.gpu or None,
         gpu_memory=parse_nbytes(args.gpu_memory, "--gpu-memory"),

@@ -2,7 +2,8 @@
 
 It builds the same :class:`~tierstore._layout.layout.Layout` and
 :func:`~tierstore._layout.budget.plan_tiers` split that
-:class:`~tierstore.TieredAdamW` would build, over tensors on the ``meta``
+:class:`~tierstore.TieredAdamW` (or the front of another optimizer
+algorithm: ``optimizer="sgd"``) would build, over tensors on the ``meta``
 device (no memory is allocated), so the planner and the optimizer never
 disagree about bytes; the bytes moved per step, the step-time bound and the
 drive's wear come from :mod:`tierstore.planner.traffic`.
@@ -18,12 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from fractions import Fraction
 from typing import Any
 
 import torch
 
+from .._compute.algorithms import Algorithm, algorithm_named
 from .._config.knobs import Knobs
 from .._config.registry import KNOBS
 from .._layout.budget import OVERHEAD_BYTES, TierPlan, plan_tiers, staging_nbytes, whole_state_text
@@ -34,6 +36,7 @@ from .._state.commit_policy import CommitPolicy
 from ..errors import BudgetError, ConfigError
 from ..sizes import budget_request, format_size, resolve_budget
 from . import traffic as wear
+from .drives import check_drives, drive_shortfalls, plan_drives
 from .inputs import PRECISION_DTYPES, parse_rate
 from .results import (
     DEFAULT_LIFETIME_MONTHS,
@@ -43,6 +46,7 @@ from .results import (
     NEEDS_DISK,
     Bandwidth,
     DiskTier,
+    DriveSpec,
     GpuTier,
     HostTier,
     MemoryPlan,
@@ -50,7 +54,7 @@ from .results import (
 )
 from .shortfalls import find_shortfalls
 
-__all__ = ["plan_memory", "PRECISIONS", "DEFAULT_PREFETCH_DEPTH", "HOST_RAM_SHARE", "MAX_SHARDS"]
+__all__ = ["plan_memory", "algorithm_options", "PRECISIONS", "DEFAULT_PREFETCH_DEPTH", "HOST_RAM_SHARE", "MAX_SHARDS"]
 
 PRECISIONS = {name: getattr(torch, dtype) for name, dtype in PRECISION_DTYPES.items()}
 DEFAULT_PREFETCH_DEPTH = Knobs.prefetch_depth  # as TieredAdamW
@@ -125,13 +129,14 @@ def _split(tensors, decide_kw: dict, budget: int | None, shard_numel: int | None
             f"shard_numel={spec.shard_numel} cuts {n_train:,} parameters into more than {MAX_SHARDS:,} shards; "
             "raise shard_numel (e.g. 1 << 22)"
         )
-    layout = Layout.build([tensors], shard_numel=spec.shard_numel, fields=spec.fields, moment_dtype=spec.moment_format)
+    layout = Layout.build([tensors], shard_numel=spec.shard_numel, fields=spec.fields, moment_dtype=spec.moment_format,
+                          algorithm=spec.algorithm)  # fmt: skip
     if shard_numel is None and layout.total_numel < layout.shard_numel:
         # A tiny model: the automatic size (16 Mi when all is resident) is larger than the whole flat
         # space. One shard of the space's size is the same bytes, and a shard_numel that says so.
         spec = dataclasses.replace(spec, shard_numel=layout.total_numel)
         layout = Layout.build([tensors], shard_numel=spec.shard_numel, fields=spec.fields,
-                              moment_dtype=spec.moment_format)  # fmt: skip
+                              moment_dtype=spec.moment_format, algorithm=spec.algorithm)  # fmt: skip
     extra = staging_nbytes(layout, spec.staging_buffers) + layout.scratch_nbytes(spec.workers)
     min_budget = min(spec.arena_slots * layout.slot_nbytes, layout.state_nbytes) + extra
     kw = dict(arena_slots=spec.arena_slots, staging_buffers=spec.staging_buffers, workers=spec.workers)
@@ -164,12 +169,57 @@ def _floor_probe(tensors: list[torch.Tensor], decide_kw: dict) -> list[torch.Ten
     return [torch.empty(enough, dtype=dtype, device="meta", requires_grad=True)]
 
 
+def algorithm_options(optimizer: str | Algorithm, options: Iterable[str] = (), *, amsgrad: bool = False) -> tuple[Algorithm, frozenset[str]]:
+    """The registered algorithm called ``optimizer`` and the options that add fields, checked (``amsgrad``: one of them).
+
+    Raises
+    ------
+    ConfigError
+        For an unknown algorithm (naming the registered ones), or an option
+        that adds none of its fields (naming those that do).
+
+    Example
+    -------
+    >>> algorithm_options("adamw", amsgrad=True)
+    (<algorithm adamw>, frozenset({'amsgrad'}))
+    >>> algorithm_options("adamw", ["momentum"])
+    Traceback (most recent call last):
+    ...
+    tierstore.errors.ConfigError: optimizer 'adamw' (torch.optim.AdamW) has no option 'momentum' that adds a state field; its options are ['amsgrad']
+    """
+    algorithm = algorithm_named(optimizer)
+    if isinstance(options, str):
+        options = [options]
+    chosen = set(options) | ({"amsgrad"} if amsgrad else set())
+    known = sorted({f.option for f in algorithm.fields if f.option is not None})
+    for option in sorted(chosen, key=str):
+        if option not in known:
+            raise ConfigError(
+                f"optimizer {algorithm.name!r} ({algorithm.torch_class}) has no option {option!r} that adds a state "
+                f"field; its options are {known}"
+            )
+    return algorithm, frozenset(chosen)
+
+
+def _stateless(algorithm: Algorithm, options: frozenset[str]) -> ConfigError:
+    """A plan of an algorithm that keeps no per-element state with these options (SGD without momentum)."""
+    hints = [f"options=[{f.option!r}] (plan --option {f.option}) for its {f.name} ({f.enable or f.option})"
+             for f in algorithm.fields if f.option is not None and f.option not in options]  # fmt: skip
+    return ConfigError(
+        f"{algorithm.torch_class}{' with ' + ', '.join(sorted(options)) if options else ''} keeps no per-element "
+        "state on fp32 parameters (no field, no master copy): there is nothing to offload or plan"
+        + (f"; pass {' or '.join(hints)}" if hints else "")
+    )
+
+
 def plan_memory(
     params: int | torch.nn.Module | Iterable[torch.Tensor],
     *,
     host_ram: int,
     frozen: int = 0,
     precision: str | None = None,
+    optimizer: str | Algorithm = "adamw",
+    options: Iterable[str] = (),
     amsgrad: bool = False,
     gpu: bool | None = None,
     gpu_memory: int | None = None,
@@ -183,6 +233,7 @@ def plan_memory(
     drive_tbw: float | None = None,
     moment_dtype: str = "float32",
     lifetime_months: float = DEFAULT_LIFETIME_MONTHS,
+    drives: Sequence[DriveSpec] | None = None,
 ) -> MemoryPlan:
     """Bytes per tier, bytes moved per step, a step-time lower bound and the drive's wear.
 
@@ -198,8 +249,14 @@ def plan_memory(
     precision
         ``"fp32"``, or ``"bf16"``/``"fp16"`` (mixed precision with an fp32
         master). ``None``: fp32 for a count, the model's dtype otherwise.
+    optimizer
+        The optimizer algorithm, by its registered name (``"adamw"``,
+        ``"adam"``, ``"sgd"``, ``"adagrad"``, ...): its fields are the state.
+    options
+        The algorithm's options that add a field (AdamW's ``"amsgrad"``:
+        ``max_exp_avg_sq``; SGD's ``"momentum"``: ``momentum_buffer``).
     amsgrad
-        Keep ``max_exp_avg_sq`` (+4 B/param).
+        Keep ``max_exp_avg_sq`` (+4 B/param): ``options=["amsgrad"]``.
     gpu, gpu_memory
         Whether the model trains on a GPU (implied by ``gpu_memory``), and
         that GPU's memory in bytes (``None``: unknown).
@@ -238,11 +295,20 @@ def plan_memory(
         How long the drive should last: the verdict says whether it does, and
         ``endurance.commit_every_for_lifetime`` is the ``commit_every`` that
         makes it (a month is 365.25 / 12 days).
+    drives
+        A state over several drives (``state_dir`` as a list), one
+        :class:`~tierstore.planner.results.DriveSpec` each, in order: the
+        plan places the shards as the optimizer does (by each drive's
+        read+write bandwidth) and says what each drive holds, whether it fits,
+        and the step's disk time over them (:mod:`tierstore.planner.drives`);
+        each drive's free space replaces ``disk_free``, its speeds
+        ``bandwidth``'s drive speeds.
 
     Raises
     ------
     ConfigError
-        For invalid values only. A plan that does not fit (host RAM, GPU
+        For invalid values only (an unknown optimizer or option, or a
+        state with no per-element field). A plan that does not fit (host RAM, GPU
         memory, drive space, a ``ram_budget`` below the streaming arena's
         minimum) is still a plan: ``verdict`` is ``"does not fit"`` and
         ``shortfalls`` says what is missing and what would make it fit. A
@@ -256,8 +322,12 @@ def plan_memory(
     >>> small = plan_memory(7_000_000_000, precision="bf16", host_ram=24 << 30)  # CPU training
     >>> small.verdict, [f.resource for f in small.shortfalls]
     ('does not fit', ['host RAM'])
+    >>> sgd = plan_memory(7_000_000_000, host_ram=64 << 30, optimizer="sgd", options=["momentum"])
+    >>> sgd.fields, sgd.state_bytes_per_param, sgd.torch.optimizer // sgd.trainable_params
+    (('momentum_buffer',), 4, 4)
     """
     _check(host_ram, gpu_memory, disk_free, prefetch_depth, shard_numel, gpu, precision)
+    algorithm, options = algorithm_options(optimizer, options, amsgrad=amsgrad)
     if isinstance(ram_budget, Fraction):  # budget_request's own result: validate it the same way
         ram_budget = f"{ram_budget.numerator}/{ram_budget.denominator}"
     request = budget_request(ram_budget)
@@ -265,6 +335,10 @@ def plan_memory(
     drive_tbw = parse_rate(drive_tbw, "drive_tbw")
     lifetime_months = parse_rate(lifetime_months, "lifetime_months")
     bandwidth = bandwidth or Bandwidth()
+    if drives is not None:
+        drives = check_drives(drives)
+        if disk_free is not None:
+            raise ConfigError("disk_free is one drive's free space; with drives= give each DriveSpec its free space")
     on_gpu = bool(gpu) or gpu_memory is not None
 
     tensors, precision = _tensors(params, frozen, precision)
@@ -275,8 +349,11 @@ def plan_memory(
     grads = n_train * pbytes
     host_model = 0 if on_gpu else weights + grads
     knobs = Knobs(prefetch_depth=prefetch_depth)
-    decide_kw = dict(numel=n_train, dtypes=[PRECISIONS[precision]], cuda=on_gpu, amsgrad=amsgrad, keep_master=None,
-                     arena_slots=knobs.arena_slots, moment_dtype=moment_dtype, workers=knobs.max_update_threads)  # fmt: skip
+    decide_kw = dict(numel=n_train, dtypes=[PRECISIONS[precision]], cuda=on_gpu, algorithm=algorithm, options=options,
+                     keep_master=None, arena_slots=knobs.arena_slots, moment_dtype=moment_dtype,
+                     workers=knobs.max_update_threads)  # fmt: skip
+    if not decide(**decide_kw, ram_budget=None, shard_numel=DEFAULT_SHARD_NUMEL).fields:
+        raise _stateless(algorithm, options)
 
     notes = []
     budget_is_default = request is None
@@ -371,9 +448,16 @@ def plan_memory(
         fits=None if disk_free is None else primary + second <= disk_free,
     )
 
+    shares, striped = ((), None) if drives is None else plan_drives(layout, tiers, drives, durable=durable)
+    if drives is not None:
+        free = [d.free for d in drives]
+        fits = [s.fits for s in shares]
+        disk = dataclasses.replace(disk, free=None if None in free else sum(free),
+                                   fits=None if None in fits else all(fits))
     manifest = wear.manifest_nbytes(shards=len(layout.shards), params=len(layout.params))
     run = dict(pcie=grads if on_gpu else 0, bandwidth=bandwidth, trainable=n_train, durable=durable, policy=policy,
-               manifest=manifest, drive_tbw=drive_tbw, lifetime_months=lifetime_months)  # fmt: skip
+               manifest=manifest, drive_tbw=drive_tbw, lifetime_months=lifetime_months,
+               drives=None if drives is None else (lambda t: plan_drives(layout, t, drives, durable=durable)[1].placement_seconds))  # fmt: skip
     traffic, step_time, endurance = wear.at(tiers, **run)
     room = min(host_ram - host_model - OVERHEAD_BYTES, split.all_resident)  # the largest budget this host holds
     if endurance.lasts is False:
@@ -384,7 +468,8 @@ def plan_memory(
             more = (room, wear.at(more_tiers, **run))
         endurance = dataclasses.replace(endurance, fix=wear.fix(traffic, endurance, durable=durable, more=more))
 
-    optimizer_bytes = n_train * (8 + (4 if amsgrad else 0) + (4 if precision != "fp32" else 0))
+    # The torch class keeps each field in fp32 (and a mixed-precision run an fp32 master copy beside it).
+    optimizer_bytes = n_train * (4 * len(algorithm.fields_for(options)) + (4 if precision != "fp32" else 0))
     torch_total = weights + grads + optimizer_bytes
     torch_limit = gpu_memory if on_gpu else host_ram
     baseline = TorchBaseline(
@@ -396,8 +481,10 @@ def plan_memory(
         fits=None if torch_limit is None else torch_total <= torch_limit,
     )
 
-    shortfalls = find_shortfalls(gpu_tier, host, disk, durable=durable, streamed=tiers.disk_nbytes,
-                                 arena_slots=spec.arena_slots, whole=whole)  # fmt: skip
+    shortfalls = find_shortfalls(gpu_tier, host, disk if drives is None else dataclasses.replace(disk, fits=None),
+                                 durable=durable, streamed=tiers.disk_nbytes, arena_slots=spec.arena_slots,
+                                 whole=whole)  # fmt: skip
+    shortfalls += drive_shortfalls(shares, durable=durable)
     if any(f.resource in ("host RAM", "ram_budget") for f in shortfalls):
         host = dataclasses.replace(host, fits=False, proposed_budget=host.budget)
     if shortfalls:
@@ -408,7 +495,7 @@ def plan_memory(
         verdict = FITS_IN_RAM
     if on_gpu and precision == "fp32":
         notes.append(
-            "fp32 parameters on a GPU: TieredAdamW keeps an fp32 master copy on the host (+4 B/param), "
+            f"fp32 parameters on a GPU: {algorithm.front} keeps an fp32 master copy on the host (+4 B/param), "
             "as the authoritative value the GPU parameters are copied from"
         )
     if moment_dtype != "float32" and spec.moment_format.name != "float32":
@@ -420,15 +507,18 @@ def plan_memory(
         notes.append(traffic.commit_assumption)
     if not durable and not policy.auto:
         notes.append(f"commit_every={traffic.commit_every} has no effect without durability: nothing commits")
-    if disk.total and disk_free is None:
+    if disk.total and disk_free is None and drives is None:
         notes.append("free disk space unknown: pass --state-dir to check the drive")
+    if striped is not None and striped.floor_seconds is None:
+        notes.append("a drive's bandwidth is unknown: the shards are shown in equal shares (the optimizer probes "
+                     "each drive when it creates the state) and the step's disk time is unknown")
     bpe = layout.bytes_per_element
     return MemoryPlan(
         trainable_params=n_train,
         frozen_params=n_frozen,
         precision=precision,
         param_bytes=pbytes,
-        amsgrad=bool(amsgrad),
+        amsgrad="amsgrad" in options,
         durable=bool(durable),
         moment_dtype=spec.moment_format.name,
         fields=spec.fields,
@@ -450,6 +540,10 @@ def plan_memory(
         wear=wear.summary(endurance, traffic),
         shortfalls=tuple(shortfalls),
         notes=tuple(notes),
+        drives=shares,
+        striped=striped,
         padded_numel=layout.total_numel,
         param_align=layout.param_align,
+        optimizer=algorithm.name,
+        options=tuple(sorted(options)),
     )

@@ -8,12 +8,13 @@ Example
 
 from __future__ import annotations
 
+from .._compute.algorithms import algorithm_named
 from .._compute.codecs import FORMATS
-from .._layout.layout import MOMENT_FIELDS, PAGE_NUMEL, STATE_ITEMSIZE
+from .._layout.layout import MASTER, PAGE_NUMEL, STATE_ITEMSIZE
 from ..sizes import format_size
 from .results import GB, MemoryPlan
 
-__all__ = ["format_plan", "both_units", "count_text", "seconds_text", "days_text", "padding_text", "MOMENT_BYTES"]
+__all__ = ["format_plan", "drive_lines", "both_units", "count_text", "seconds_text", "days_text", "padding_text", "MOMENT_BYTES"]
 
 MOMENT_BYTES = {name: fmt.bytes_per_element for name, fmt in FORMATS.items()}  # per moment element, scales included
 
@@ -127,13 +128,17 @@ def format_plan(plan: MemoryPlan) -> str:
     p, g, h, d, t, s, e, tb = plan, plan.gpu, plan.host, plan.disk, plan.traffic, plan.step_time, plan.endurance, plan.torch
     b = both_units
     precision = "fp32" if p.precision == "fp32" else f"{p.precision} mixed precision (fp32 master)"
+    algorithm = algorithm_named(p.optimizer)
     moment_bytes = MOMENT_BYTES[p.moment_dtype]
-    parts = " + ".join(f"{f} {moment_bytes if f in MOMENT_FIELDS else STATE_ITEMSIZE:.4g}" for f in p.fields)
+    # A moment format stores the algorithm's compressible fields; the master and the others stay fp32.
+    stored = {f: moment_bytes if f != MASTER and algorithm.field(f).compressible else STATE_ITEMSIZE for f in p.fields}
+    parts = " + ".join(f"{f} {nbytes:.4g}" for f, nbytes in stored.items())
     moments = "" if p.moment_dtype == "float32" else f", {p.moment_dtype} moments"
     padded = padding_text(p)
+    short = algorithm.torch_class.rsplit(".", 1)[-1]  # AdamW, SGD, Adagrad, Lion
     lines = [
         f"tierstore plan: {count_text(p.trainable_params)} trainable params ({count_text(p.frozen_params)} frozen), "
-        f"{precision}, AdamW{' amsgrad' if p.amsgrad else ''}{moments}",
+        f"{precision}, {short}{''.join(' ' + o for o in p.options)}{moments}",
         f"  optimizer state: {p.state_bytes_per_param:.3g} B/param ({parts})"
         + (f" x {p.trainable_params:,} params = {padded}" if padded else f" = {b(p.state)}"),
         f"  shards: {p.shards:,} x {p.shard_numel:,} elements ({format_size(h.slot)} each)",
@@ -174,6 +179,7 @@ def format_plan(plan: MemoryPlan) -> str:
         f"  state files          {b(d.primary)} ({'every shard' if p.durable else f'{d.disk_shards:,} shards on disk'})",
         f"  durability copy      {b(d.durability)}",
         f"  total                {b(d.total)}" + ("" if d.fits is None else ("  fits" if d.fits else "  DOES NOT FIT")),
+        *(drive_lines(p) if p.drives else []),
         "",
         "per step",
         "  PCIe                 "
@@ -195,7 +201,8 @@ def format_plan(plan: MemoryPlan) -> str:
         f"  step time >= {seconds_text(s.lower_bound)} (bound by {s.bound_by})",
         f"    = max(disk {seconds_text(s.disk)}, PCIe {seconds_text(s.pcie)}, CPU update {seconds_text(s.update)}, "
         f"memory {seconds_text(s.memory)}, fixed {seconds_text(s.fixed)})",
-        f"    disk = read/{known(bw.read_gbps)} + write/{known(bw.write_gbps)}; PCIe = max(down, up)/"
+        ("    disk = the slowest drive's share (drives, above)" if p.drives else
+         f"    disk = read/{known(bw.read_gbps)} + write/{known(bw.write_gbps)}") + "; PCIe = max(down, up)/"
         f"{known(bw.pcie_gbps)}; update = params/{known(bw.update_gparams, 'Gparam/s')}; "
         f"memory = state/{known(bw.memory_gbps)} (copy); fixed = a step's own cost, at least",
         *_endurance_lines(p),
@@ -206,10 +213,10 @@ def format_plan(plan: MemoryPlan) -> str:
     commit = f", commit_every={t.commit_every}" if p.durable and t.commit_every != "'auto'" else ""
     lines += [
         "",
-        f"plain torch.optim.AdamW ({tb.where}): weights {b(tb.weights)} + grads {b(tb.grads)} + "
+        f"plain {algorithm.torch_class} ({tb.where}): weights {b(tb.weights)} + grads {b(tb.grads)} + "
         f"optimizer {b(tb.optimizer)} ({opt_per_param} B/param) = {b(tb.total)}"
         f" ({tb.total // max(p.trainable_params, 1)} B/param){fits}",
-        f"TieredAdamW(..., ram_budget={h.proposed_budget}, shard_numel={p.shard_numel}, "
+        f"{algorithm.front}(..., ram_budget={h.proposed_budget}, shard_numel={p.shard_numel}, "
         f"prefetch_depth={p.prefetch_depth}{', durable=True' if p.durable else ''}{commit}"
         f"{'' if p.moment_dtype == 'float32' else f', moment_dtype={p.moment_dtype!r}'})"
         f"  # ram_budget = {budget}",
@@ -223,6 +230,31 @@ def format_plan(plan: MemoryPlan) -> str:
         lines.append(f"  drive wear: need {e.tbw_for_lifetime:,.0f} TBW for {e.lifetime_months:g} months, have {e.drive_tbw:g} TBW")
         lines.append(f"    fix: {e.fix}")
     return "\n".join(lines)
+
+
+def drive_lines(p: MemoryPlan) -> list[str]:
+    """The drives section of a plan over several drives: each one's share, and the step's disk time over them."""
+    b, striped = both_units, p.striped
+    lines = [f"drives: {len(p.drives)}, shards placed by {striped.placed_by}"
+             + ("; each holds two copies of its shards (durable)" if p.durable else "; each holds its streamed shards")]
+    width = max(len(s.name) for s in p.drives)
+    for s in p.drives:
+        speed = ("bandwidth unknown" if s.bandwidth_gbps is None else
+                 f"read {s.read_gbps:.3g} + write {s.write_gbps:.3g} GB/s: {s.bandwidth_gbps:.3g} GB/s read+write")
+        free = "" if s.free is None else f" of {b(s.free)} free" + ("  fits" if s.fits else "  DOES NOT FIT")
+        lines.append(f"  {s.name:<{width}}  {s.shards:,} shards, {b(s.state)} of state; files {b(s.files)}{free}")
+        lines.append(f"  {'':<{width}}  {speed}; streams {s.streamed_shards:,} shards ({b(s.streamed)}) a step"
+                     + ("" if s.step_seconds is None else f" in {seconds_text(s.step_seconds)}"))
+    if striped.floor_seconds is not None:
+        lines.append(
+            f"  streamed step on disk >= {seconds_text(striped.placement_seconds)} (the slowest drive's share); striped "
+            f"floor {seconds_text(striped.floor_seconds)} = {b(striped.streamed)} / {striped.combined_gbps:.3g} GB/s "
+            f"combined read+write; the fastest drive alone: {seconds_text(striped.fastest_alone_seconds)}"
+        )
+    else:
+        lines.append("  step time unknown: give every drive's bandwidth (--drive PATH:SIZE:READ/WRITE, or --io-json "
+                     "from `tierstore bench io DIR...`, or --knobs from `tierstore tune`)")
+    return lines
 
 
 def _endurance_lines(p: MemoryPlan) -> list[str]:

@@ -20,6 +20,9 @@ __all__ = [
     "GpuTier",
     "HostTier",
     "DiskTier",
+    "DriveSpec",
+    "DriveShare",
+    "StripedStep",
     "Shortfall",
     "Traffic",
     "StepTime",
@@ -137,6 +140,46 @@ class Traffic:
 
 
 @dataclass(frozen=True)
+class DriveSpec:
+    """One drive a state spreads over (an input): its path or a name, free bytes and speeds (``None``: unknown)."""
+
+    name: str
+    free: int | None = None
+    read_gbps: float | None = None
+    write_gbps: float | None = None
+
+
+@dataclass(frozen=True)
+class DriveShare:
+    """What one drive holds under the optimizer's placement, and its share of a streamed step."""
+
+    name: str
+    free: int | None
+    read_gbps: float | None
+    write_gbps: float | None
+    bandwidth_gbps: float | None  # 1 / (1/read + 1/write): what placement weighs the drive by
+    shards: int  # shards placed on it (each shard's files live on one drive)
+    state: int  # bytes of state on it, one copy
+    streamed_shards: int  # of those, the shards streamed every step
+    streamed: int  # bytes it reads and writes back every step
+    files: int  # its state files: two copies of its shards when durable, else one of its streamed shards
+    fits: bool | None
+    step_seconds: float | None  # streamed / read + streamed / write (None: a speed is unknown)
+
+
+@dataclass(frozen=True)
+class StripedStep:
+    """A streamed step's disk time over several drives (seconds; ``None`` where a bandwidth is unknown)."""
+
+    floor_seconds: float | None  # the striped floor: streamed bytes / the drives' combined read+write bandwidth
+    placement_seconds: float | None  # the slowest drive's share under the placement: the step's disk time
+    fastest_alone_seconds: float | None  # the same bytes on the fastest drive alone
+    combined_gbps: float | None
+    streamed: int
+    placed_by: str  # "bandwidth", or equal shares when a bandwidth is unknown
+
+
+@dataclass(frozen=True)
 class StepTime:
     disk: float | None
     pcie: float | None
@@ -166,7 +209,7 @@ class Endurance:
 
 @dataclass(frozen=True)
 class TorchBaseline:
-    """Plain ``torch.optim.AdamW`` with everything on one device."""
+    """The plain torch optimizer (the algorithm's torch class, ``torch.optim.AdamW`` by default) with everything on one device."""
 
     where: str
     weights: int
@@ -206,8 +249,12 @@ class MemoryPlan:
     wear: str = ""  # the verdict's second half: how long the drive lasts under the commit policy
     shortfalls: tuple[Shortfall, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())
+    drives: tuple[DriveShare, ...] = field(default=())  # several drives (plan_memory(drives=...)): each one's share
+    striped: StripedStep | None = None  # and the step's disk time over them
     padded_numel: int = 0  # elements of the flat space per field, padding included (Layout.total_numel)
     param_align: int = 64  # elements every parameter's start is a multiple of (64; 256 with int8 blocks)
+    optimizer: str = "adamw"  # the optimizer algorithm's registered name: its fields are the state
+    options: tuple[str, ...] = ()  # its options that add a field ("amsgrad", "momentum")
 
     def to_dict(self) -> dict:
         """A JSON-able dict (all byte counts are ints, times in seconds)."""
