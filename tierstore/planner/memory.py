@@ -322,9 +322,9 @@ def plan_memory(
     >>> small = plan_memory(7_000_000_000, precision="bf16", host_ram=24 << 30)  # CPU training
     >>> small.verdict, [f.resource for f in small.shortfalls]
     ('does not fit', ['host RAM'])
-    >>> sgd = plan_memory(7_000_000_000, host_ram=64 << 30, optimizer="sgd", options=["momentum"])
-    >>> sgd.fields, sgd.state_bytes_per_param, sgd.torch.optimizer // sgd.trainable_params
-    (('momentum_buffer',), 4, 4)
+    >>> lion = plan_memory(7_000_000_000, host_ram=64 << 30, optimizer="lion")  # one field: half of AdamW's bytes
+    >>> lion.fields, lion.state_bytes_per_param, lion.torch.optimizer // lion.trainable_params
+    (('exp_avg',), 4, 4)
     """
     _check(host_ram, gpu_memory, disk_free, prefetch_depth, shard_numel, gpu, precision)
     algorithm, options = algorithm_options(optimizer, options, amsgrad=amsgrad)
