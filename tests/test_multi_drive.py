@@ -169,6 +169,19 @@ def test_each_drive_holds_its_shards_with_its_own_queue(dirs, fast):
         assert on_disk == placed[k], f"drive {k}'s file holds {on_disk} bytes, its shards {placed[k]}"
 
 
+def test_a_knobs_file_places_a_new_states_shards_by_its_drive_figures(dirs, tmp_path):
+    from tierstore._config.knobs_file import DriveFigure, device_of, encode_knobs_file, knobs_document
+
+    figures = [DriveFigure(str(d.parent), device_of(d.parent), bw) for d, bw in zip(dirs[:2], (1e9, 3e9))]
+    knobs = tmp_path / "tuned.json"
+    knobs.write_bytes(encode_knobs_file(knobs_document({}, drives=figures)))
+    params = _params(shapes=BIG)
+    with TieredAdamW(params, state_dir=[str(d) for d in dirs[:2]], knobs=knobs, **KW) as opt:
+        sizes = [opt._layout.shard_nbytes(s) for s in opt._layout.shards]
+    record = json.loads((dirs[0] / "manifest.json").read_text())["drives"]
+    assert record["bandwidths"] == [1e9, 3e9] and record["placement"] == place(sizes, [1e9, 3e9])
+
+
 # -- one directory stays what it was -----------------------------------------------------------
 
 

@@ -159,11 +159,19 @@ class TieredOptimizer(torch.optim.Optimizer):
             started = start(journal, self.param_groups, self._params, self.state, knobs=self._knobs,
                             ram_budget=self._budget, shard_numel=shard_numel, keep_master=keep_master,
                             restore_params=restore_params, moment_dtype=self._format, algorithm=algorithm,
-                            init=self._init_values)  # fmt: skip
+                            init=self._init_values, bandwidths=self._drive_figures(journal))  # fmt: skip
         self._spec, self._layout, self._plan, self._rt = started.spec, started.layout, started.plan, started.runtime
         # Every copy of this object shares the runtime and this token; when the last
         # one is gone, the runtime closes (instead of a __del__ that a copy would run).
         self._owner = self._rt.owner()
+
+    def _drive_figures(self, journal: Journal) -> list[float] | None:
+        """The knobs file's bandwidth of each directory of a state over several (where a new one's shards
+        go, instead of a probe); ``None`` without a knobs file, or one that lacks a directory's drive."""
+        drives = journal.drives
+        if self._tuned is None or drives is None or drives.paths is None or drives.count < 2:
+            return None
+        return self._tuned.bandwidths_for(drives.paths)
 
     def _runtime(self, *, synchronize: bool = True) -> Runtime:
         """The open runtime, after the step running behind the loop (if any); raises if closed or failed."""
