@@ -170,7 +170,12 @@ def test_each_drive_holds_its_shards_with_its_own_queue(dirs, fast):
 
 
 def test_a_knobs_file_places_a_new_states_shards_by_its_drive_figures(dirs, tmp_path):
-    from tierstore._config.knobs_file import DriveFigure, device_of, encode_knobs_file, knobs_document
+    from tierstore._config.knobs_file import (
+        DriveFigure,
+        device_of,
+        encode_knobs_file,
+        knobs_document,
+    )
 
     figures = [DriveFigure(str(d.parent), device_of(d.parent), bw) for d, bw in zip(dirs[:2], (1e9, 3e9))]
     knobs = tmp_path / "tuned.json"
