@@ -485,3 +485,42 @@ def test_plan_cli_takes_the_optimizer_and_its_options(registered, capsys) -> Non
     assert "unknown optimizer algorithm 'lamb'" in capsys.readouterr().err
     assert main([*argv, "--optimizer", "momentum"]) == 2
     assert "keeps no per-element state" in capsys.readouterr().err
+
+
+# -- diagnose: the advice is about the measured optimizer's algorithm ---------------------------
+
+
+def test_diagnose_measures_a_registered_algorithm_by_name_and_advises_its_front() -> None:
+    from tierstore.diagnose import diagnose
+
+    if "rmsprop" not in registry.ALGORITHMS:
+        pytest.skip("rmsprop is not registered in this tierstore")
+    model = torch.nn.Linear(256, 256)
+    report = diagnose(model, torch.randn(4, 256), lambda m, b: m(b).square().mean(), optimizer="rmsprop")
+    assert report.optimizer == "torch.optim.RMSprop(lr=0)"
+    params = sum(p.numel() for p in model.parameters())
+    assert report.optimizer_state_bytes >= 4 * params  # square_avg: one fp32 field
+    assert report.dominant == "optimizer_state"
+    names = [f.name for f in report.figures]
+    assert "TieredRMSprop's host RAM" in names and "peak drop with TieredRMSprop" in names
+    assert "TieredRMSprop" in report.advice and "TieredAdamW" not in report.advice
+
+
+def test_diagnose_knows_the_algorithm_of_the_optimizer_a_factory_builds(registered) -> None:
+    from tierstore.diagnose.measure import _measured_algorithm
+
+    w = [torch.nn.Parameter(torch.ones(3))]
+    assert _measured_algorithm(torch.optim.SGD(w, lr=0.1, momentum=0.9)) == (MOMENTUM, frozenset({"momentum"}))
+    assert _measured_algorithm(torch.optim.AdamW(w, amsgrad=True)) == (ADAMW, frozenset({"amsgrad"}))
+    assert _measured_algorithm(torch.optim.Rprop(w)) == (ADAMW, frozenset())  # a class tierstore does not know
+    with TieredAdamLike(w) as opt:
+        assert _measured_algorithm(opt) == (ADAMLIKE, frozenset())
+
+
+def test_diagnose_refuses_an_unknown_optimizer_name(registered) -> None:
+    from tierstore.diagnose import diagnose
+
+    with pytest.raises(ConfigError, match="unknown optimizer algorithm 'lamb'; .* or pass a factory as MODULE:FACTORY"):
+        diagnose(torch.nn.Linear(2, 2), torch.ones(1, 2), optimizer="lamb")
+    with pytest.raises(ConfigError, match="measures torch.optim.AdamLike, which cannot be imported here"):
+        diagnose(torch.nn.Linear(2, 2), torch.ones(1, 2), optimizer="adamlike")

@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch-size", type=int, help="passed to the factory as batch_size=N")
     parser.add_argument("--device", help="move the model and batch here first (cpu, cuda, cuda:1); default: where the factory put them")
-    parser.add_argument("--optimizer", metavar="MODULE:FACTORY", help="optimizer(params) to measure (default: torch.optim.AdamW, lr=0)")
+    parser.add_argument("--optimizer", metavar="MODULE:FACTORY|NAME", help="optimizer(params) to measure, or an optimizer algorithm's name (adamw, adagrad, ...: its torch class with lr=0); default: torch.optim.AdamW, lr=0. The advice names that algorithm's tiered front")
     parser.add_argument("--memory-limit", metavar="SIZE", help="memory you have where the peak happens (GPU memory or RAM), e.g. 24GiB; sizes the suggested ram_budget")
     parser.add_argument("--no-steady", action="store_true", help="skip the second iteration (with the optimizer state alive)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON (every figure with its kind: measured, counted or estimated)")
@@ -57,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
         except RuntimeError as exc:
             raise ConfigError(f"--device {args.device!r}: {exc}") from None
         model, batch = model.to(device), to_device(batch, device)
-    optimizer = resolve(args.optimizer, flag="--optimizer") if args.optimizer else None
+    optimizer = args.optimizer  # a registered name (no ':'), measured as its torch class
+    if optimizer and ":" in optimizer:
+        optimizer = resolve(args.optimizer, flag="--optimizer")
     report = diagnose(
         model, batch, loss_fn, optimizer=optimizer, memory_limit=args.memory_limit, steady=not args.no_steady
     )

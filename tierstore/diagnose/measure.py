@@ -17,8 +17,14 @@ when it is not a scalar (a stand-in whose backward pass needs the same
 memory).
 
 The default optimizer is ``torch.optim.AdamW(params, lr=0.0)``: its state is
-real, and a zero learning rate leaves the weights unchanged. Gradients are
-set to ``None`` before and after.
+real, and a zero learning rate leaves the weights unchanged. A registered
+algorithm's name (``optimizer="adagrad"``) builds its torch class the same
+way (with that class's defaults: ``torch.optim.SGD`` without momentum keeps
+no state, so pass a factory for SGD with momentum). The advice names the
+tiered front of the optimizer measured (a tiered front's own algorithm, or
+the algorithm whose torch class it is; AdamW's for any other class) and
+estimates its RAM from that algorithm's fields and the options its groups
+use. Gradients are set to ``None`` before and after.
 
 Example
 -------
@@ -45,7 +51,7 @@ if TYPE_CHECKING:  # torch is imported where it is used: `import tierstore` stay
     import torch
     from torch import Tensor, nn
 
-__all__ = ["diagnose", "default_loss"]
+__all__ = ["diagnose", "default_loss", "optimizer_factory"]
 
 
 def _storages(tensors: Iterator[Tensor]) -> dict[int, int]:
@@ -126,18 +132,80 @@ def _close(optimizer: Any) -> None:
 def _opt_name(factory: Any) -> str:
     if factory is None:
         return "torch.optim.AdamW(lr=0)"
+    if isinstance(factory, str):
+        return f"{_algorithm(factory).torch_class}(lr=0)"
     return getattr(factory, "__qualname__", None) or type(factory).__name__
 
 
-def _tiered(params: list[nn.Parameter], *, on_gpu: bool) -> Tiered:
-    """TieredAdamW's host RAM at a ``ram_budget``, by the planner's arithmetic over these parameters."""
+def _algorithm(name: str) -> Any:
+    from .._compute.algorithms import algorithm_named
+
+    return algorithm_named(name)
+
+
+def optimizer_factory(name: str) -> Callable[[list[nn.Parameter]], torch.optim.Optimizer]:
+    """``params -> torch class(params, lr=0.0)`` of the registered algorithm called ``name``.
+
+    Raises
+    ------
+    ConfigError
+        For a name no algorithm is registered under, or a torch class that cannot be imported.
+
+    Example
+    -------
+    >>> import torch
+    >>> type(optimizer_factory("adamw")([torch.nn.Parameter(torch.ones(2))])).__name__
+    'AdamW'
+    """
+    import importlib
+
+    try:
+        algorithm = _algorithm(name)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; or pass a factory as MODULE:FACTORY (optimizer(params) -> the optimizer)") from None
+    module, _, cls = algorithm.torch_class.rpartition(".")
+    try:
+        torch_class = getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(
+            f"optimizer {name!r} measures {algorithm.torch_class}, which cannot be imported here ({exc}); install "
+            "it, or pass a factory (MODULE:FACTORY) that builds the optimizer to measure"
+        ) from None
+    return lambda params: torch_class(params, lr=0.0)
+
+
+def _measured_algorithm(opt: Any) -> tuple[Any, frozenset[str]]:
+    """The algorithm whose state ``opt`` keeps (a tiered front's own, or the one whose torch class ``opt`` is;
+    AdamW's for a class tierstore does not know), and the options its groups use."""
+    from .._compute.algorithms import ADAMW, ALGORITHMS
+
+    found = getattr(getattr(opt, "layout", None), "algorithm", None)
+    if found is None:
+        kind = type(opt)
+        for algorithm in ALGORITHMS.values():
+            module, _, cls = algorithm.torch_class.rpartition(".")
+            if kind.__name__ == cls and kind.__module__.startswith(module):
+                found = algorithm
+                break
+    found = found or ADAMW
+    return found, found.options(getattr(opt, "param_groups", []))
+
+
+def _tiered(params: list[nn.Parameter], *, on_gpu: bool, algorithm: Any = None, options: frozenset[str] = frozenset()) -> Tiered:
+    """The tiered front's host RAM at a ``ram_budget``, by the planner's arithmetic over these parameters
+    (``algorithm``'s fields with ``options``; AdamW's by default)."""
 
     def at(budget: int | None) -> tuple[int | None, int]:
         import psutil
 
+        from .._layout.budget import OVERHEAD_BYTES
         from ..planner import plan_memory
 
-        plan = plan_memory(params, host_ram=psutil.virtual_memory().total, gpu=on_gpu, ram_budget=budget)
+        try:
+            plan = plan_memory(params, host_ram=psutil.virtual_memory().total, gpu=on_gpu, ram_budget=budget,
+                               optimizer=algorithm or "adamw", options=options)  # fmt: skip
+        except ConfigError:  # no per-element state (SGD without momentum): the front holds its fixed overhead only
+            return None, OVERHEAD_BYTES
         h = plan.host
         if budget is None:  # TieredAdamW(ram_budget=None): every shard resident
             return None, h.all_resident + h.overhead
@@ -151,7 +219,7 @@ def diagnose(
     batch: Any,
     loss_fn: Callable[[nn.Module, Any], Tensor] | None = None,
     *,
-    optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
+    optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | str | None = None,
     memory_limit: int | str | None = None,
     steady: bool = True,
 ) -> MemoryReport:
@@ -168,7 +236,8 @@ def diagnose(
         ``loss_fn(model, batch) -> scalar loss``; ``None``: :func:`default_loss`.
     optimizer
         ``optimizer(params) -> torch.optim.Optimizer``; ``None``:
-        ``torch.optim.AdamW(params, lr=0.0)`` (real state, unchanged weights).
+        ``torch.optim.AdamW(params, lr=0.0)`` (real state, unchanged weights);
+        a registered algorithm's name (``"adagrad"``): its torch class, ``lr=0.0``.
         A factory with a learning rate changes the weights.
     memory_limit
         Memory you have where the peak happens (GPU memory, or RAM for CPU
@@ -187,7 +256,8 @@ def diagnose(
     Raises
     ------
     ConfigError
-        If the model has no trainable parameters, or no loss can be found.
+        If the model has no trainable parameters, no loss can be found, or
+        ``optimizer`` names no registered algorithm.
 
     Example
     -------
@@ -206,7 +276,7 @@ def diagnose(
         raise ConfigError("the model has no trainable parameters (requires_grad=True); nothing to diagnose")
     limit = None if memory_limit is None else parse_size(memory_limit, name="memory_limit")
     compute_loss = loss_fn or default_loss
-    make_opt = optimizer or (lambda ps: torch.optim.AdamW(ps, lr=0.0))
+    make_opt = optimizer_factory(optimizer) if isinstance(optimizer, str) else optimizer or (lambda ps: torch.optim.AdamW(ps, lr=0.0))
     opt_name = _opt_name(optimizer)
     device = params[0].device
     probe = probe_for(device)
@@ -244,6 +314,7 @@ def diagnose(
             opt.step()
         phases.append(Phase("optimizer step", probe.current(), peak[0]))
         state_bytes, state_how = _state_bytes(opt, opt_name)
+        algorithm, options = _measured_algorithm(opt)
         if steady:
             opt.zero_grad(set_to_none=True)
             with probe.watch() as peak:
@@ -282,7 +353,9 @@ def diagnose(
         activations_kind=kind,
         peak=top.peak,
         limit=limit,
-        tiered=_tiered(params, on_gpu=device.type == "cuda"),
+        tiered=_tiered(params, on_gpu=device.type == "cuda", algorithm=algorithm, options=options),
+        front=algorithm.front,
+        torch_class=algorithm.torch_class,
     )
     measured_with = probe.kind.split(" (")[0]  # the header gives the details
     other = "forward growth (measured)" if from_ == "saved for backward" else "saved for backward (counted)"

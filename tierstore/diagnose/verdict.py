@@ -37,7 +37,7 @@ __all__ = ["Verdict", "Tiered", "verdict", "HEADROOM_SHARE", "DOMINANT"]
 
 DOMINANT = ("optimizer_state", "activations", "parameters")
 HEADROOM_SHARE = 20  # a memory limit keeps 1/20 (5%) of itself free: an assumption, stated where it is used
-#: ``tiered(ram_budget) -> (the ram_budget TieredAdamW takes, the host RAM it holds then)``; ``None``: no budget,
+#: ``tiered(ram_budget) -> (the ram_budget the tiered front takes, the host RAM it holds then)``; ``None``: no budget,
 #: all state in RAM. The ram_budget returned is raised to the smallest that holds the streaming arena.
 Tiered = Callable[[int | None], tuple[int | None, int]]
 
@@ -57,11 +57,11 @@ def _round_mib(n: int) -> int:
     return max(mib, (n // mib) * mib)
 
 
-def _call(budget: int | None) -> str:
+def _call(budget: int | None, front: str) -> str:
     if budget is None:
-        return "TieredAdamW(model.parameters(), ...)"
+        return f"{front}(model.parameters(), ...)"
     text = f'"{budget >> 20}MiB"' if budget % (1 << 20) == 0 else str(budget)
-    return f'TieredAdamW(model.parameters(), ram_budget={text}, state_dir="/nvme/opt")'
+    return f'{front}(model.parameters(), ram_budget={text}, state_dir="/nvme/opt")'
 
 
 def verdict(
@@ -75,12 +75,16 @@ def verdict(
     peak: int,
     limit: int | None,
     tiered: Tiered,
+    front: str = "TieredAdamW",
+    torch_class: str = "torch.optim.AdamW",
 ) -> Verdict:
-    """Which part to attack, the advice in words, a ``ram_budget`` for TieredAdamW (or None), the estimates.
+    """Which part to attack, the advice in words, a ``ram_budget`` for the tiered front (or None), the estimates.
 
     ``params``, ``grads`` and ``state`` are counted bytes, ``activations`` is
     ``activations_kind`` (measured growth or counted saved bytes), ``peak``
     is measured, ``limit`` is the memory the user has where the peak happens.
+    ``front`` and ``torch_class`` name the optimizer the advice is about
+    (its algorithm's tiered front, and the torch class it replaces).
     """
     fixed = params + grads
     st, acts = tagged(state, COUNTED), tagged(activations, activations_kind)
@@ -109,11 +113,12 @@ def verdict(
     from .._layout.budget import OVERHEAD_BYTES
 
     if device_type == "cuda":
-        return _on_gpu(state=state, activations=acts, tiered=tiered, overhead=OVERHEAD_BYTES)
-    return _on_cpu(state=state, activations=acts, peak=peak, limit=limit, tiered=tiered, overhead=OVERHEAD_BYTES)
+        return _on_gpu(state=state, activations=acts, tiered=tiered, overhead=OVERHEAD_BYTES, front=front)
+    return _on_cpu(state=state, activations=acts, peak=peak, limit=limit, tiered=tiered, overhead=OVERHEAD_BYTES,
+                   front=front, torch_class=torch_class)  # fmt: skip
 
 
-def _on_gpu(*, state: int, activations: str, tiered: Tiered, overhead: int) -> Verdict:
+def _on_gpu(*, state: int, activations: str, tiered: Tiered, overhead: int, front: str) -> Verdict:
     import psutil
 
     st = tagged(state, COUNTED)
@@ -121,9 +126,9 @@ def _on_gpu(*, state: int, activations: str, tiered: Tiered, overhead: int) -> V
     request = _round_mib(available // 4) if state * 2 > available else None  # host RAM is short: stream
     budget, ram = tiered(request)
     freed = Figure("GPU memory freed", state, ESTIMATED,
-                   "the optimizer state leaves the GPU: assumes TieredAdamW keeps none of it there")  # fmt: skip
+                   f"the optimizer state leaves the GPU: assumes {front} keeps none of it there")  # fmt: skip
     where = "with all state resident" if budget is None else f"at ram_budget={format_size(budget)}"
-    host = Figure("TieredAdamW's host RAM", ram, ESTIMATED,
+    host = Figure(f"{front}'s host RAM", ram, ESTIMATED,
                   f"the planner's arithmetic {where}, an fp32 master included, + {format_size(overhead)} "
                   "fixed overhead")  # fmt: skip
     estimates = [freed, host]
@@ -135,15 +140,18 @@ def _on_gpu(*, state: int, activations: str, tiered: Tiered, overhead: int) -> V
                  f"{tagged(budget, ESTIMATED)} and a state_dir on local NVMe")  # fmt: skip
     return Verdict(
         "optimizer_state",
-        f"The optimizer state, {st}, outweighs activations, {activations}: offloading it pays. TieredAdamW keeps "
+        f"The optimizer state, {st}, outweighs activations, {activations}: offloading it pays. {front} keeps "
         f"the state in host RAM, so about {freed.tag} of GPU memory is freed, assuming none of it stays on the "
-        f"GPU; it holds {host.tag} of host RAM{short}. Try {_call(budget)}.",
+        f"GPU; it holds {host.tag} of host RAM{short}. Try {_call(budget, front)}.",
         budget,
         tuple(estimates),
     )
 
 
-def _on_cpu(*, state: int, activations: str, peak: int, limit: int | None, tiered: Tiered, overhead: int) -> Verdict:
+def _on_cpu(
+    *, state: int, activations: str, peak: int, limit: int | None, tiered: Tiered, overhead: int, front: str,
+    torch_class: str,
+) -> Verdict:  # fmt: skip
     st, fixed_cost = tagged(state, COUNTED), f"a fixed overhead of {tagged(overhead, ESTIMATED)}"
     room = None
     if limit is not None:
@@ -153,7 +161,7 @@ def _on_cpu(*, state: int, activations: str, peak: int, limit: int | None, tiere
                 "optimizer_state",
                 f"The optimizer state, {st}, is the largest part you can move, but the peak, "
                 f"{tagged(peak, MEASURED)}, already fits under {format_size(limit)} (given) with 5% to spare: "
-                "nothing needs offloading. TieredAdamW with a ram_budget would lower it further.",
+                f"nothing needs offloading. {front} with a ram_budget would lower it further.",
                 None,
             )
         rest = peak - state  # the peak without the state: assumes all of the state is in the peak
@@ -162,7 +170,7 @@ def _on_cpu(*, state: int, activations: str, peak: int, limit: int | None, tiere
             return Verdict(
                 "optimizer_state",
                 f"The optimizer state, {st}, is the largest part, but even with all of it on disk the rest of "
-                f"the peak, {tagged(max(rest, 0), ESTIMATED)} as the peak minus the state, TieredAdamW's "
+                f"the peak, {tagged(max(rest, 0), ESTIMATED)} as the peak minus the state, {front}'s "
                 f"fixed overhead of {tagged(overhead, ESTIMATED)} and 5% headroom leave no room under {format_size(limit)} (given); also cut "
                 f"activations, {activations}, or the model.",
                 None,
@@ -181,9 +189,9 @@ def _on_cpu(*, state: int, activations: str, peak: int, limit: int | None, tiere
           else "at that ram_budget: arena, staging and resident shards")  # fmt: skip
     estimates = (
         *([Figure("suggested ram_budget", budget, ESTIMATED, why)] if budget is not None else []),
-        Figure("TieredAdamW's host RAM", ram, ESTIMATED,
+        Figure(f"{front}'s host RAM", ram, ESTIMATED,
                f"the planner's arithmetic {at}, + {format_size(overhead)} fixed overhead"),
-        Figure("peak drop with TieredAdamW", max(drop, 0), ESTIMATED, "the optimizer state - TieredAdamW's host RAM"),
+        Figure(f"peak drop with {front}", max(drop, 0), ESTIMATED, f"the optimizer state - {front}'s host RAM"),
     )  # fmt: skip
     if drop <= 0 or budget is None or (room is not None and ram - overhead > room):
         need = "is at least as large as the state" if drop <= 0 else f"does not fit under {format_size(limit)} (given)"
@@ -192,17 +200,17 @@ def _on_cpu(*, state: int, activations: str, peak: int, limit: int | None, tiere
         return Verdict(
             "optimizer_state",
             f"The optimizer state, {st}, is the largest movable part, but offloading it does not lower the peak: "
-            f"TieredAdamW itself holds {tagged(ram, ESTIMATED)} of RAM, its buffers + {fixed_cost}, "
-            f"which {need}. Keep torch.optim.AdamW, or cut activations, {activations}.",
+            f"{front} itself holds {tagged(ram, ESTIMATED)} of RAM, its buffers + {fixed_cost}, "
+            f"which {need}. Keep {torch_class}, or cut activations, {activations}.",
             None,
             estimates,
         )
     return Verdict(
         "optimizer_state",
-        f"The optimizer state, {st}, outweighs activations, {activations}: offloading it pays. TieredAdamW with "
+        f"The optimizer state, {st}, outweighs activations, {activations}: offloading it pays. {front} with "
         f"the suggested ram_budget, {tagged(budget, ESTIMATED)}, keeps that much of it in RAM and streams the "
         f"rest from a state_dir on local NVMe: the peak drops by about {tagged(drop, ESTIMATED)}, the state minus "
-        f"TieredAdamW's own {tagged(ram, ESTIMATED)} of RAM (its buffers and {fixed_cost}). Try {_call(budget)}.",
+        f"{front}'s own {tagged(ram, ESTIMATED)} of RAM (its buffers and {fixed_cost}). Try {_call(budget, front)}.",
         budget,
         estimates,
     )
