@@ -508,7 +508,7 @@ class _Stranger(torch.nn.Module):
 @pytest.mark.parametrize(
     "make, error, match",
     [
-        (lambda opt, p: TieredStateful(torch.optim.AdamW([p])), ConfigError, "needs a TieredAdamW"),
+        (lambda opt, p: TieredStateful(torch.optim.AdamW([p])), ConfigError, "needs a tiered optimizer such as TieredAdamW"),
         (lambda opt, p: TieredStateful(opt, _Stranger()), ConfigError, "not parameters of the given model"),
         (lambda opt, p: TieredStateful(opt, cache_bytes=-1), ConfigError, "cache_bytes=-1"),
         (lambda opt, p: TieredStateful(opt, cache_bytes="1MiB"), ConfigError, "cache_bytes='1MiB'"),
