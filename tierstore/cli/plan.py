@@ -82,7 +82,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lifetime", metavar="MONTHS", default=str(DEFAULT_LIFETIME_MONTHS), help=f"how long the drive should last, in months (default {DEFAULT_LIFETIME_MONTHS:g}); the plan prints the commit_every that makes it")
     parser.add_argument("--shard-numel", type=int, help="elements per shard (default: TieredAdamW's automatic choice)")
     parser.add_argument("--prefetch-depth", type=int, default=KNOBS["prefetch_depth"].default, help="shards read ahead; the arena has prefetch_depth + 2 slots")
-    parser.add_argument("--io-json", metavar="FILE", help="bandwidths from `tierstore bench io --json`")
+    parser.add_argument("--io-json", metavar="FILE", help="bandwidths from `tierstore bench io --json` (of several "
+                        "drives: each drive's, and those drives when no --drive is given)")
+    parser.add_argument("--drive", action="append", default=None, metavar="PATH_OR_NAME[:SIZE[:READ[/WRITE]]]",
+                        help="one drive of a state over several directories, in state_dir's order (repeat it): "
+                        "its path or a name, its free space (empty: read at PATH) and GB/s, e.g. "
+                        "/nvme0/run::7/5; the plan says what each holds and the step's disk time over them")
+    parser.add_argument("--knobs", metavar="FILE", help="drive bandwidths from a `tierstore tune` knobs file, for "
+                        "--drive paths it measured")
     parser.add_argument("--read-gbps", help="drive read bandwidth, GB/s (overrides --io-json)")
     parser.add_argument("--write-gbps", help="drive write bandwidth, GB/s (overrides --io-json)")
     parser.add_argument("--pcie-gbps", help="host<->GPU bandwidth per direction, GB/s")
@@ -126,12 +133,36 @@ def check_knob_flags(args: argparse.Namespace) -> dict[str, object]:
     return {name: KNOBS[name].validate(getattr(args, name), flag) for name, flag in KNOB_FLAGS.items()}
 
 
+def _drives(args: argparse.Namespace) -> list | None:
+    """The drives of ``--drive`` (or of a several-drive ``--io-json``), or ``None`` for one state directory.
+
+    Raises
+    ------
+    ConfigError
+        For a flag that describes one drive given with several.
+    """
+    from ..planner.drive_specs import resolve_drives
+
+    if args.knobs and not args.drive:
+        raise ConfigError("--knobs gives the bandwidths of drives named by --drive; add a --drive for each")
+    drives = resolve_drives(args.drive or [], io_json=args.io_json, knobs=args.knobs) if args.drive or args.io_json else []
+    if not drives:
+        return None
+    for flag, value in (("--state-dir", args.state_dir), ("--disk-free", args.disk_free),
+                        ("--read-gbps", args.read_gbps), ("--write-gbps", args.write_gbps)):
+        if value is not None:
+            raise ConfigError(f"{flag} describes one drive; with --drive (or a several-drive --io-json) give each "
+                              "drive's path, free space and speeds in its --drive PATH:SIZE:READ/WRITE")
+    return drives
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``tierstore plan``: parse, plan, print."""
     from ..planner import Bandwidth, format_plan, load_model, plan_memory, read_io_json
     from ..planner.inputs import disk_free, parse_count, parse_nbytes, parse_rate
 
     knobs = check_knob_flags(args)
+    drives = _drives(args)
     speeds = {"read_gbps": None, "write_gbps": None, "memory_gbps": None}
     if args.io_json:
         speeds.update(read_io_json(args.io_json))
@@ -180,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
         drive_tbw=parse_rate(args.drive_tbw, "--drive-tbw"),
         moment_dtype=args.moment_dtype,
         lifetime_months=parse_rate(args.lifetime, "--lifetime"),
+        drives=drives,
     )
     note = _state_dir_note(args.state_dir) if args.state_dir and args.disk_free is None else None
     if note:

@@ -17,7 +17,11 @@ prints. The modules, one job each:
   bound, and drive wear under the commit policy;
 - :mod:`~tierstore.planner.report`: the text report;
 - :mod:`~tierstore.planner.inputs`: parameter counts, sizes, speeds, a
-  ``bench io`` file, a model factory.
+  ``bench io`` file, a model factory;
+- :mod:`~tierstore.planner.drives`: a state over several drives: what each
+  holds under the optimizer's placement, the step's disk time over them
+  (``plan_memory(drives=[DriveSpec(...), ...])``), and
+  :mod:`~tierstore.planner.drive_specs`: the ``--drive`` values.
 
 The formulas, for P trainable parameters with ``b`` bytes each (4 in fp32,
 2 in bf16/fp16):
@@ -79,12 +83,15 @@ if TYPE_CHECKING:  # what __getattr__ gives, for readers and type checkers
         VERDICTS,
         Bandwidth,
         DiskTier,
+        DriveShare,
+        DriveSpec,
         Endurance,
         GpuTier,
         HostTier,
         MemoryPlan,
         Shortfall,
         StepTime,
+        StripedStep,
         TorchBaseline,
         Traffic,
     )
@@ -97,6 +104,9 @@ __all__ = [
     "GpuTier",
     "HostTier",
     "DiskTier",
+    "DriveSpec",
+    "DriveShare",
+    "StripedStep",
     "Traffic",
     "StepTime",
     "Endurance",
@@ -114,12 +124,12 @@ __all__ = [
 # tierstore.planner before it became a package of modules; they keep working.
 _HOMES = {
     **dict.fromkeys(("PRECISION_DTYPES", "disk_free", "existing_ancestor", "load_model", "parse_count",
-                     "read_io_json"), "inputs"),
+                     "read_io_json", "read_io_json_drives"), "inputs"),
     **dict.fromkeys(("DEFAULT_PREFETCH_DEPTH", "MAX_SHARDS", "PRECISIONS", "plan_memory"), "memory"),
     **dict.fromkeys(("MOMENT_BYTES", "format_plan"), "report"),
     **dict.fromkeys(("DEFAULT_UPDATE_GPARAMS", "DOES_NOT_FIT", "EXIT_DOES_NOT_FIT", "FITS_IN_RAM", "GB", "HOST_RAM_SHARE", "NEEDS_DISK",
-                     "TB", "VERDICTS", "Bandwidth", "DiskTier", "Endurance", "GpuTier", "HostTier", "MemoryPlan",
-                     "Shortfall", "StepTime", "TorchBaseline", "Traffic"), "results"),
+                     "TB", "VERDICTS", "Bandwidth", "DiskTier", "DriveShare", "DriveSpec", "Endurance", "GpuTier", "HostTier", "MemoryPlan",
+                     "Shortfall", "StepTime", "StripedStep", "TorchBaseline", "Traffic"), "results"),
     **dict.fromkeys(("SECONDS_PER_DAY", "STEP_TIME_FORMULA"), "traffic"),
 }  # fmt: skip
 

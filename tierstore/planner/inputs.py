@@ -33,6 +33,7 @@ __all__ = [
     "parse_nbytes",
     "parse_rate",
     "read_io_json",
+    "read_io_json_drives",
     "load_model",
     "existing_ancestor",
     "disk_free",
@@ -147,6 +148,19 @@ def read_io_json(path: str | Path) -> dict[str, float | None]:
     {'read_gbps': 6.5, 'write_gbps': None, 'memory_gbps': None}
     """
     path = Path(path)
+    summary = _io_summary(path)
+    keys = {"read_gbps": "best_read_GBps", "write_gbps": "best_write_GBps", "memory_gbps": "memory_GBps"}
+    found = {}
+    for ours, theirs in keys.items():
+        value = summary.get(theirs)
+        if isinstance(value, float) and math.isnan(value):
+            value = None  # bench io writes NaN for what it could not measure
+        found[ours] = parse_rate(value, f"summary.{theirs} in {path}")
+    return found
+
+
+def _io_summary(path: Path) -> dict:
+    """The ``summary`` object of a ``bench io --json`` file (empty when it has none)."""
     try:
         text = path.read_bytes()
     except FileNotFoundError:
@@ -163,15 +177,43 @@ def read_io_json(path: str | Path) -> dict[str, float | None]:
             f"io json file {str(path)!r} is not JSON ({exc}); it should be the output of `tierstore bench io --json`"
         ) from None
     summary = data.get("summary") if isinstance(data, dict) else None
-    summary = summary if isinstance(summary, dict) else {}
-    keys = {"read_gbps": "best_read_GBps", "write_gbps": "best_write_GBps", "memory_gbps": "memory_GBps"}
-    found = {}
-    for ours, theirs in keys.items():
-        value = summary.get(theirs)
-        if isinstance(value, float) and math.isnan(value):
-            value = None  # bench io writes NaN for what it could not measure
-        found[ours] = parse_rate(value, f"summary.{theirs} in {path}")
-    return found
+    return summary if isinstance(summary, dict) else {}
+
+
+def read_io_json_drives(path: str | Path) -> list[tuple[str, float | None, float | None]]:
+    """Each drive of a ``tierstore bench io DIR DIR... --json`` file: its directory, read and write GB/s.
+
+    Reads ``summary.drives`` (none in a one-drive file: an empty list).
+
+    Raises
+    ------
+    ConfigError
+        If the file is missing or not JSON, or a drive's entry is not a directory and speeds.
+
+    Example
+    -------
+    >>> import json, tempfile
+    >>> f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    >>> _ = f.write(json.dumps({"summary": {"drives": [{"dir": "/nvme0", "read_GBps": 6.5, "write_GBps": 3.0}]}}))
+    >>> f.close(); read_io_json_drives(f.name)
+    [('/nvme0', 6.5, 3.0)]
+    """
+    path = Path(path)
+    drives = _io_summary(path).get("drives") or []
+    if not isinstance(drives, list) or len(drives) > 64:
+        raise ConfigError(f"summary.drives in {path} is not a list of at most 64 drives; write the file again with "
+                          "`tierstore bench io DIR DIR... --json FILE`")
+    out = []
+    for k, d in enumerate(drives):
+        where = d.get("dir") if isinstance(d, dict) else None
+        if not isinstance(where, str) or not where:
+            raise ConfigError(f"summary.drives[{k}] in {path} names no directory; write the file again with "
+                              "`tierstore bench io DIR DIR... --json FILE`")
+        speeds = [d.get(key) for key in ("read_GBps", "write_GBps")]
+        speeds = [None if isinstance(v, float) and math.isnan(v) else v for v in speeds]
+        out.append((where, *(parse_rate(v, f"summary.drives[{k}].{key} in {path}")
+                             for v, key in zip(speeds, ("read_GBps", "write_GBps")))))
+    return out
 
 
 def load_model(spec: str) -> torch.nn.Module:

@@ -29,6 +29,7 @@ Example
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from .._layout.budget import TierPlan
 from .._state.commit_policy import CommitPolicy
@@ -116,7 +117,8 @@ def describe_policy(policy: CommitPolicy) -> str:
 
 
 def step_time(
-    *, disk_read: int, disk_write: int, pcie_down: int, pcie_up: int, bandwidth: Bandwidth, trainable: int, state: int
+    *, disk_read: int, disk_write: int, pcie_down: int, pcie_up: int, bandwidth: Bandwidth, trainable: int, state: int,
+    drives_seconds: float | None | bool = False,
 ) -> StepTime:
     """The step-time lower bound :data:`STEP_TIME_FORMULA` over the terms whose bandwidth is known.
 
@@ -124,12 +126,16 @@ def step_time(
     (the larger direction counts); the CPU update and memory streaming
     overlap the I/O; no step is faster than :data:`FIXED_STEP_SECONDS`.
     ``disk_write`` is the streamed shards only: commits write in the
-    background. A term whose bandwidth is unknown is ``None``.
+    background. A term whose bandwidth is unknown is ``None``. Over several
+    drives (:mod:`tierstore.planner.drives`) ``drives_seconds`` is the disk
+    term (the slowest drive's share; ``None``: unknown) instead of ``bandwidth``'s.
     """
     bw = bandwidth
     disk = None
     if disk_read == 0 and disk_write == 0:
         disk = 0.0
+    elif drives_seconds is not False:
+        disk = drives_seconds  # type: ignore[assignment]
     elif bw.read_gbps and bw.write_gbps:
         disk = disk_read / (bw.read_gbps * GB) + disk_write / (bw.write_gbps * GB)
     pcie = None
@@ -173,11 +179,17 @@ def at(
     manifest: int,
     drive_tbw: float | None,
     lifetime_months: float,
+    drives: Callable[[TierPlan], float | None] | None = None,
 ) -> tuple[Traffic, StepTime, Endurance]:
-    """Traffic, step time and drive wear for the tier split ``tiers`` (``pcie``: bytes each way per step)."""
+    """Traffic, step time and drive wear for the tier split ``tiers`` (``pcie``: bytes each way per step).
+
+    ``drives``: over several drives, the step's disk seconds for a tier split
+    (the slowest drive's share of its streamed shards).
+    """
     streamed = tiers.disk_nbytes
     times = step_time(disk_read=streamed, disk_write=streamed, pcie_down=pcie, pcie_up=pcie, bandwidth=bandwidth,
-                      trainable=trainable, state=tiers.state_nbytes)  # fmt: skip
+                      trainable=trainable, state=tiers.state_nbytes,
+                      drives_seconds=False if drives is None else drives(tiers))  # fmt: skip
     seconds = times.lower_bound
     resident = tiers.resident_nbytes if durable else 0
     commit = resident + manifest if durable else 0
