@@ -7,8 +7,9 @@ modules: :mod:`tierstore.optimizer`, :mod:`tierstore.checkpoint`,
 :mod:`tierstore.sizes`, :mod:`tierstore.testing` and the ``tierstore`` command
 (:mod:`tierstore.cli`). Packages whose names start with ``_`` are internal.
 
-``TieredAdamW`` and ``diagnose`` are imported on first use, so ``import
-tierstore`` (and ``tierstore --help``) does not import torch.
+The optimizers (``TieredAdamW`` and the fronts of :mod:`tierstore.fronts`)
+and ``diagnose`` are imported on first use, so ``import tierstore`` (and
+``tierstore --help``) does not import torch.
 
 >>> import tierstore
 >>> tierstore.TieredAdamW.__module__
@@ -48,7 +49,17 @@ from .sizes import format_size, parse_size
 
 if TYPE_CHECKING:
     from .diagnose import diagnose
-    from .fronts import TieredAdadelta, TieredAdamax, TieredLion, TieredNAdam, TieredRAdam, TieredRMSprop
+    from .fronts import (
+        TieredAdadelta,
+        TieredAdagrad,
+        TieredAdam,
+        TieredAdamax,
+        TieredLion,
+        TieredNAdam,
+        TieredRAdam,
+        TieredRMSprop,
+        TieredSGD,
+    )
     from .optimizer import TieredAdamW
 
 _moved.install()
@@ -72,6 +83,8 @@ __all__ = [
     "StateExistsError",
     "StepFailedError",
     "TieredAdadelta",
+    "TieredAdagrad",
+    "TieredAdam",
     "TieredAdamW",
     "TieredAdamax",
     "DriveSetError",
@@ -79,6 +92,7 @@ __all__ = [
     "TieredNAdam",
     "TieredRAdam",
     "TieredRMSprop",
+    "TieredSGD",
     "TierstoreError",
     "__version__",
     "diagnose",
@@ -94,6 +108,9 @@ _LAZY = {
     "TieredRAdam": ("fronts", "TieredRAdam"),
     "TieredAdadelta": ("fronts", "TieredAdadelta"),
     "TieredLion": ("fronts", "TieredLion"),
+    "TieredAdam": ("fronts", "TieredAdam"),
+    "TieredSGD": ("fronts", "TieredSGD"),
+    "TieredAdagrad": ("fronts", "TieredAdagrad"),
     "diagnose": ("diagnose", "diagnose"),
 }
 

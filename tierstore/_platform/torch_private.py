@@ -12,6 +12,7 @@ its replacement used.
 |---|---|---|
 | ``torch.backends.cpu.get_cpu_capability`` | the compiled update's recipe | ``"unknown"``: the torch path runs |
 | ``torch._fused_adamw_`` | the update (:mod:`tierstore._compute.kernel`) | ``ConfigError`` when the optimizer is built |
+| ``torch._fused_adam_``, ``_fused_sgd_``, ``_fused_adagrad_`` | the Adam, SGD and Adagrad updates (:mod:`tierstore._compute.algorithms`) | ``ConfigError`` when the optimizer is built |
 | ``torch.optim.<name>._single_tensor_<name>``, ``._multi_tensor_<name>`` | the updates of RMSprop, Adamax, NAdam, RAdam, Adadelta | ``ConfigError`` when the optimizer is built |
 | ``torch._disable_dynamo`` | ``step``/``state_dict`` never traced | the function runs unwrapped |
 | ``threading._register_atexit`` | closing optimizers at exit before thread pools stop | ``atexit.register`` |
@@ -72,7 +73,7 @@ def cpu_capability() -> str:
     return str(get())
 
 
-# -- the AdamW kernel -------------------------------------------------------------------
+# -- the fused update kernels ----------------------------------------------------------
 
 
 def fused_adamw_kernel() -> Callable[..., Any]:
@@ -124,6 +125,61 @@ def optim_kernel(module: str, name: str) -> Callable[..., Any]:
     if not callable(found):
         raise _missing(f"torch.optim.{module}.{name} (its functional {module} implementation)", "install torch 2.13")
     return found
+
+
+def _fused_kernel(name: str, what: str) -> Callable[..., Any]:
+    kernel = getattr(torch, name, None)
+    if kernel is None:
+        raise _missing(f"torch.{name} (its {what} kernel)", "install torch 2.13")
+    return kernel
+
+
+def fused_adam_kernel() -> Callable[..., Any]:
+    """``torch._fused_adam_``, torch's fused Adam (L2 weight decay added to the gradient): bitwise ``torch.optim.Adam(fused=True)``.
+
+    Raises
+    ------
+    ConfigError
+        Where this torch has no ``torch._fused_adam_`` (no fallback gives torch's bits).
+
+    Example
+    -------
+    >>> callable(fused_adam_kernel())
+    True
+    """
+    return _fused_kernel("_fused_adam_", "fused Adam")
+
+
+def fused_sgd_kernel() -> Callable[..., Any]:
+    """``torch._fused_sgd_``, torch's fused SGD (momentum, dampening, Nesterov): bitwise ``torch.optim.SGD(fused=True)``.
+
+    Raises
+    ------
+    ConfigError
+        Where this torch has no ``torch._fused_sgd_`` (no fallback gives torch's bits).
+
+    Example
+    -------
+    >>> callable(fused_sgd_kernel())
+    True
+    """
+    return _fused_kernel("_fused_sgd_", "fused SGD")
+
+
+def fused_adagrad_kernel() -> Callable[..., Any]:
+    """``torch._fused_adagrad_``, torch's fused Adagrad: bitwise ``torch.optim.Adagrad(fused=True)``.
+
+    Raises
+    ------
+    ConfigError
+        Where this torch has no ``torch._fused_adagrad_`` (no fallback gives torch's bits).
+
+    Example
+    -------
+    >>> callable(fused_adagrad_kernel())
+    True
+    """
+    return _fused_kernel("_fused_adagrad_", "fused Adagrad")
 
 
 def foreach_add_(tensors: Sequence[Tensor], value: float) -> None:

@@ -9,10 +9,14 @@ with its torch class's constructor and one registered algorithm
 from __future__ import annotations
 
 from .adadelta import TieredAdadelta
+from .adagrad import TieredAdagrad
+from .adam import TieredAdam
 from .adamax import TieredAdamax
 from .lion import TieredLion
 from .nadam import TieredNAdam
 from .radam import TieredRAdam
 from .rmsprop import TieredRMSprop
+from .sgd import TieredSGD
 
-__all__: list[str] = ["TieredAdadelta", "TieredAdamax", "TieredLion", "TieredNAdam", "TieredRAdam", "TieredRMSprop"]
+__all__: list[str] = ["TieredAdadelta", "TieredAdagrad", "TieredAdam", "TieredAdamax", "TieredLion", "TieredNAdam",
+                      "TieredRAdam", "TieredRMSprop", "TieredSGD"]  # fmt: skip

@@ -12,7 +12,7 @@ True
 >>> algorithm_named("lamb")
 Traceback (most recent call last):
 ...
-tierstore.errors.ConfigError: unknown optimizer algorithm 'lamb'; tierstore knows ['adadelta', 'adamax', 'adamw', 'lion', 'nadam', 'radam', 'rmsprop']
+tierstore.errors.ConfigError: unknown optimizer algorithm 'lamb'; tierstore knows ['adadelta', 'adagrad', 'adam', 'adamax', 'adamw', 'lion', 'nadam', 'radam', 'rmsprop', 'sgd']
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from types import MappingProxyType
 
 from ...errors import ConfigError
 from .adadelta import ADADELTA
+from .adagrad import ADAGRAD
+from .adam import ADAM
 from .adamax import ADAMAX
 from .adamw import ADAMW
 from .base import FLAG, FLAG_OR_NULL, NUMBER, PAIR, Algorithm, FieldSpec
@@ -28,9 +30,12 @@ from .lion import LION
 from .nadam import NADAM
 from .radam import RADAM
 from .rmsprop import RMSPROP
+from .sgd import SGD
 
 #: Every registered algorithm by its name.
-ALGORITHMS = MappingProxyType({a.name: a for a in (ADAMW, RMSPROP, ADAMAX, NADAM, RADAM, ADADELTA, LION)})
+ALGORITHMS = MappingProxyType(
+    {a.name: a for a in (ADAMW, ADAM, ADAGRAD, SGD, RMSPROP, ADAMAX, NADAM, RADAM, ADADELTA, LION)}
+)
 
 
 def algorithm_named(name: str | Algorithm) -> Algorithm:
@@ -50,4 +55,4 @@ def algorithm_named(name: str | Algorithm) -> Algorithm:
 
 
 __all__ = ["ADAMW", "ALGORITHMS", "Algorithm", "FieldSpec", "algorithm_named", "NUMBER", "PAIR", "FLAG", "FLAG_OR_NULL",
-           "ADADELTA", "ADAMAX", "LION", "NADAM", "RADAM", "RMSPROP"]  # fmt: skip
+           "ADADELTA", "ADAGRAD", "ADAM", "ADAMAX", "LION", "NADAM", "RADAM", "RMSPROP", "SGD"]  # fmt: skip
