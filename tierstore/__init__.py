@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         TieredRMSprop,
         TieredSGD,
     )
+    from .fronts.generic import tiered
     from .optimizer import TieredAdamW
 
 _moved.install()
@@ -98,10 +99,12 @@ __all__ = [
     "diagnose",
     "format_size",
     "parse_size",
+    "tiered",
 ]
 
 _LAZY = {
     "TieredAdamW": ("optimizer", "TieredAdamW"),
+    "tiered": ("fronts.generic", "tiered"),
     "TieredRMSprop": ("fronts", "TieredRMSprop"),
     "TieredAdamax": ("fronts", "TieredAdamax"),
     "TieredNAdam": ("fronts", "TieredNAdam"),

@@ -76,6 +76,7 @@ import torch
 
 from .._compute import codecs, formats
 from .._compute.algorithms import ADAMW, ALGORITHMS, Algorithm, algorithm_named
+from .._compute.algorithms.generic import Recorded
 from .._compute.algorithms.in_use import GENERIC_PREFIX, in_use
 from .._compute.formats import DEFAULT_FORMAT, FORMATS, MomentFormat
 from ..errors import ConfigError
@@ -641,12 +642,10 @@ class Layout:
         name = data.get("algorithm", ADAMW.name)
         # A registered algorithm, or the one the optimizer being built declared (never anything imported by name).
         algorithm = (ALGORITHMS.get(name) if isinstance(name, str) else None) or in_use(name)
+        if algorithm is None and isinstance(name, str) and name.startswith(GENERIC_PREFIX):
+            algorithm = Recorded(name, data.get("fields"))  # the generic adapter's, read without its class: runs nothing
         if algorithm is None:
-            hint = ""
-            if isinstance(name, str) and name.startswith(GENERIC_PREFIX):
-                hint = (f"; a state of the generic adapter resumes only with its class, passed again: "
-                        f"tierstore.tiered({name.removeprefix(GENERIC_PREFIX)}, params, ..., resume=True)")  # fmt: skip
-            raise ConfigError(f"layout algorithm={name!r} is not one of {sorted(ALGORITHMS)}{hint}")
+            raise ConfigError(f"layout algorithm={name!r} is not one of {sorted(ALGORITHMS)}")
         fields = _field_list(data.get("fields"), (MASTER, *algorithm.field_names), algorithm.fields_for(()))
         moment_dtype = data.get("moment_dtype", DEFAULT_FORMAT.name)
         if not isinstance(moment_dtype, str) or moment_dtype not in FORMATS:

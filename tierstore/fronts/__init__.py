@@ -12,11 +12,12 @@ from .adadelta import TieredAdadelta
 from .adagrad import TieredAdagrad
 from .adam import TieredAdam
 from .adamax import TieredAdamax
+from .generic import TieredGeneric, tiered
 from .lion import TieredLion
 from .nadam import TieredNAdam
 from .radam import TieredRAdam
 from .rmsprop import TieredRMSprop
 from .sgd import TieredSGD
 
-__all__: list[str] = ["TieredAdadelta", "TieredAdagrad", "TieredAdam", "TieredAdamax", "TieredLion", "TieredNAdam",
+__all__: list[str] = ["tiered", "TieredGeneric", "TieredAdadelta", "TieredAdagrad", "TieredAdam", "TieredAdamax", "TieredLion", "TieredNAdam",
                       "TieredRAdam", "TieredRMSprop", "TieredSGD"]  # fmt: skip

@@ -2,6 +2,9 @@
 
 - :mod:`tierstore.testing.backend`: :class:`~tierstore.testing.backend.BackendTests`,
   the conformance tests every I/O backend runs (subclass it and set ``backend``).
+- :mod:`tierstore.testing.algorithm`: the conformance checks every optimizer
+  algorithm passes against its torch class (:func:`~tierstore.testing.algorithm.check_algorithm`
+  over an :class:`~tierstore.testing.algorithm.AlgorithmCase`).
 - :mod:`tierstore.testing.crash`: train in a child process, SIGKILL it at a named
   crash point or a random instant inside a chosen phase, check where it landed.
 - :mod:`tierstore.testing.fsrecord`: record every operation that reaches a directory.
