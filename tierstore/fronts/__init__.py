@@ -19,5 +19,7 @@ from .radam import TieredRAdam
 from .rmsprop import TieredRMSprop
 from .sgd import TieredSGD
 
-__all__: list[str] = ["tiered", "TieredGeneric", "TieredAdadelta", "TieredAdagrad", "TieredAdam", "TieredAdamax", "TieredLion", "TieredNAdam",
-                      "TieredRAdam", "TieredRMSprop", "TieredSGD"]  # fmt: skip
+__all__: list[str] = [
+    "TieredAdadelta", "TieredAdagrad", "TieredAdam", "TieredAdamax", "TieredGeneric", "TieredLion", "TieredNAdam",
+    "TieredRAdam", "TieredRMSprop", "TieredSGD", "tiered",
+]  # fmt: skip
