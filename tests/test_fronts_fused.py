@@ -604,3 +604,14 @@ def test_sgd_takes_a_nan_lr_as_torch_does() -> None:
     torch.optim.SGD(P, lr=math.nan, fused=True)
     with pytest.raises(ConfigError, match="Invalid learning rate: nan"):
         TieredAdam(P, lr=math.nan)
+
+
+@pytest.mark.parametrize("front", sorted(FRONTS))
+def test_sparse_gradients_are_refused_naming_the_front(front: str) -> None:
+    """torch's fused kernels take no sparse gradient either (Adagrad's sparse path is its for-loop one)."""
+    tiered_cls, _ = FRONTS[front]
+    w = torch.nn.Parameter(torch.ones(3))
+    with tiered_cls([w]) as opt:
+        w.grad = torch.ones(3).to_sparse()
+        with pytest.raises(RuntimeError, match=rf"{tiered_cls.__name__} does not support sparse gradients"):
+            opt.step()

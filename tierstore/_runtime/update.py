@@ -159,7 +159,7 @@ def gather(
                 "(param.data = param.data.contiguous()) before the step"
             )
         if grad.is_sparse:
-            raise RuntimeError("TieredAdamW does not support sparse gradients")
+            raise RuntimeError(f"{layout.algorithm.front} does not support sparse gradients; pass dense gradients")
         g = local_tensor(grad)
         if tuple(g.shape) != entry.shape:
             raise ParamsChangedError(f"the gradient of parameter {i} has shape {tuple(g.shape)}, expected {entry.shape}")
