@@ -468,3 +468,20 @@ def test_messages_are_torchs_with_the_fix() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         TieredAdadelta(small_model(), rho=1.0).close()  # the bounds torch allows are allowed
+
+
+@pytest.mark.parametrize("name", list(FRONTS))
+def test_bf16_parameters_keep_a_master_equal_to_torch_on_fp32_copies(name: str) -> None:
+    front, torch_cls = FRONTS[name]
+    gen = torch.Generator().manual_seed(7)
+    a = [torch.nn.Parameter(torch.randn(3000, generator=gen).bfloat16())]
+    b = [torch.nn.Parameter(a[0].detach().float())]
+    ref = torch_cls(b, **FULL[name])
+    with front(a, shard_numel=1024, **FULL[name]) as opt:
+        for _ in range(3):
+            g = torch.randn(3000, generator=gen).bfloat16()
+            a[0].grad, b[0].grad = g, g.float()
+            opt.step()
+            ref.step()
+        master = opt.state_dict()["state"][0]["master_param"]
+        assert torch.equal(bits(master), bits(b[0])) and torch.equal(a[0].detach(), master.bfloat16())

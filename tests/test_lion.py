@@ -290,3 +290,18 @@ def test_lion_pytorch_refuses_the_same_values() -> None:
 def test_a_param_group_is_checked_too() -> None:
     with pytest.raises(ConfigError, match=r"Invalid learning rate: 0 in param group 1; lion-pytorch's Lion needs lr > 0"):
         TieredLion([{"params": small_model()[:1]}, {"params": small_model()[1:], "lr": 0}])
+
+
+def test_bf16_parameters_keep_a_master_equal_to_lion_on_fp32_copies() -> None:
+    gen = torch.Generator().manual_seed(9)
+    a = [torch.nn.Parameter(torch.randn(3000, generator=gen).bfloat16())]
+    b = [torch.nn.Parameter(a[0].detach().float())]
+    ref = Lion(b, lr=1e-3, weight_decay=0.1)
+    with TieredLion(a, lr=1e-3, weight_decay=0.1, shard_numel=1024) as opt:
+        for _ in range(3):
+            g = torch.randn(3000, generator=gen).bfloat16()
+            a[0].grad, b[0].grad = g, g.float()
+            opt.step()
+            ref.step()
+        master = opt.state_dict()["state"][0]["master_param"]
+        assert torch.equal(master, b[0].detach()) and torch.equal(a[0].detach(), master.bfloat16())
