@@ -6,8 +6,9 @@ For fp32 parameters every parameter and every state tensor (NAdam's
 state in RAM or streamed from disk through the arena alone, a private or a
 durable state directory, every option of the class, two param groups with
 their own values, parameters without a gradient on some steps and the lr
-changed between steps. State dicts cross both ways (torch -> tiered ->
-torch) through ``torch.save``; a closed state directory resumes (NAdam's
+changed between steps; bf16 parameters keep an fp32 master equal to the
+torch class run on fp32 copies. State dicts cross both ways (torch ->
+tiered -> torch) through ``torch.save``; a closed state directory resumes (NAdam's
 ``mu_product`` is not recorded there, so a state_dir, checkpoints and DCP
 are refused for it); the compressed formats run (and centered RMSprop
 refuses them); every error says torch's message and the fix. PyTorch's own
