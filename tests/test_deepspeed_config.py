@@ -1,4 +1,4 @@
-"""``from_deepspeed_config``: the DeepSpeed keys users have, mapped to TieredAdamW, and the ones refused.
+"""``from_deepspeed_config``: the DeepSpeed keys users have, mapped to TieredAdamW (and each optimizer type to its front), and the ones refused.
 
 A table of configs with the keyword arguments each must map to, a table of
 bad configs with the error each must raise, the ``ratio`` -> ``ram_budget``
@@ -16,7 +16,9 @@ import pytest
 import torch
 from torch import nn
 
+import tierstore
 from tierstore import ConfigError, TieredAdamW
+from tierstore._compute.algorithms import ALGORITHMS
 from tierstore._layout.layout import DEFAULT_SHARD_NUMEL
 from tierstore.deepspeed_config import (
     deepspeed_kwargs,
@@ -24,6 +26,7 @@ from tierstore.deepspeed_config import (
     optimizer_arguments,
     ram_budget_for_ratio,
 )
+from tierstore.fronts.deepspeed import from_deepspeed_config as build_from_deepspeed_config
 
 from_deepspeed_config = TieredAdamW.from_deepspeed_config
 ACCEPTED = optimizer_arguments(TieredAdamW.__init__)
@@ -291,3 +294,116 @@ def test_default_shard_size_and_budget_override(tmp_path: Path) -> None:
 def test_ram_budget_for_ratio_rejects_bad_ratios(ratio: Any) -> None:
     with pytest.raises(ConfigError, match="ratio="):
         ram_budget_for_ratio([nn.Parameter(torch.zeros(4))], ratio)
+
+
+# -- optimizer.type: each DeepSpeed optimizer maps to the front of its algorithm (issue 24) ------------
+CPU_OFFLOAD = zero({"device": "cpu"})["zero_optimization"]
+
+
+def typed(kind: str, **params: Any) -> dict[str, Any]:
+    return {"optimizer": {"type": kind, "params": params}, "zero_optimization": CPU_OFFLOAD}
+
+
+# config -> (the algorithm it asks for, the front's keyword arguments)
+TYPES: list[tuple[str, dict[str, Any], str, dict[str, Any]]] = [
+    ("AdamW", typed("AdamW", lr=1e-3), "adamw", {"lr": 1e-3, "weight_decay": 0.0}),
+    ("Adam decoupled (adam_w_mode's default)", typed("Adam", weight_decay=0.1), "adamw", {"weight_decay": 0.1}),
+    ("Adam in L2 mode: torch.optim.Adam", typed("Adam", adam_w_mode=False, weight_decay=0.1, amsgrad=True), "adam",
+     {"weight_decay": 0.1, "amsgrad": True}),
+    ("Adagrad: DeepSpeed's defaults are torch's", typed("Adagrad"), "adagrad", {}),
+    ("Adagrad with torch's keys", typed("adagrad", lr=0.1, eps=1e-8, weight_decay=0.01, lr_decay=0.001,
+                                        initial_accumulator_value=0.5, amsgrad=False, fp32_optimizer_states=True),
+     "adagrad", {"lr": 0.1, "eps": 1e-8, "weight_decay": 0.01, "lr_decay": 0.001, "initial_accumulator_value": 0.5}),
+    ("Lion: DeepSpeed's defaults, not lion-pytorch's", typed("Lion"), "lion",
+     {"lr": 1e-3, "betas": (0.9, 0.999), "weight_decay": 0.0}),
+    ("Lion given", typed("Lion", lr=1e-4, betas=[0.95, 0.98], weight_decay=0.1), "lion",
+     {"lr": 1e-4, "betas": (0.95, 0.98), "weight_decay": 0.1}),
+    ("SGD: torch.optim's class, params as its arguments", typed("SGD", lr=0.1, momentum=0.9, nesterov=True), "sgd",
+     {"lr": 0.1, "momentum": 0.9, "nesterov": True}),
+    ("RMSprop", typed("RMSprop", lr=0.01, alpha=0.9, centered=True), "rmsprop", {"lr": 0.01, "alpha": 0.9, "centered": True}),
+    ("RAdam's betas as a tuple", typed("RAdam", betas=[0.8, 0.9]), "radam", {"betas": (0.8, 0.9)}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "config", "algorithm", "kwargs"), TYPES, ids=[t[0] for t in TYPES])
+def test_each_optimizer_type_maps_to_its_algorithm(name: str, config: dict, algorithm: str, kwargs: dict) -> None:
+    mapping = map_deepspeed_config(config, algorithm=None)
+    assert (mapping.algorithm, mapping.kwargs) == (algorithm, kwargs)
+
+
+@pytest.mark.parametrize(("name", "config", "algorithm", "kwargs"), TYPES, ids=[t[0] for t in TYPES])
+def test_from_deepspeed_config_builds_the_front_the_type_names(name: str, config: dict, algorithm: str, kwargs: dict) -> None:
+    if algorithm not in ALGORITHMS or getattr(tierstore, ALGORITHMS[algorithm].front, None) is None:
+        pytest.skip(f"this tierstore has no front for {algorithm} yet")
+    front = getattr(tierstore, ALGORITHMS[algorithm].front)
+    assert tierstore.from_deepspeed_config is build_from_deepspeed_config
+    w = nn.Parameter(torch.ones(4))
+    with build_from_deepspeed_config([w], config) as opt:
+        assert type(opt) is front
+        for key, value in kwargs.items():
+            assert opt.param_groups[0][key] == value, key
+        w.grad = torch.full((4,), 0.5)
+        opt.step()
+
+
+# (config, the front's from_deepspeed_config, fragments of the refusal)
+TYPE_REFUSALS: list[tuple[str, dict[str, Any], Any, tuple[str, ...]]] = [
+    ("OneBitAdam", typed("OneBitAdam"), None, ("optimizer.type='OneBitAdam'", "1-bit communication", "Use Adam")),
+    ("ZeroOneAdam", typed("ZeroOneAdam"), None, ("ZeroOneAdam", "without ZeRO only")),
+    ("OneBitLamb", typed("OneBitLamb"), None, ("OneBitLamb", "1-bit")),
+    ("Lamb", typed("Lamb"), None, ("optimizer.type='Lamb'", "trust ratio", "not elementwise", "Adam/AdamW")),
+    ("Muon", typed("Muon"), None, ("Muon", "orthogonalises", "not elementwise")),
+    ("MuAdam", typed("MuAdam"), None, ("mup's", "width multiplier")),
+    ("MuSGD", typed("MuSGD"), None, ("MuSGD", "mup's")),
+    ("a torch class without a front", typed("LBFGS"), None, ("optimizer.type='LBFGS' is not supported", "SGD")),
+    ("an empty type", typed(""), None, ("optimizer.type=''",)),
+    ("Adagrad with amsgrad", typed("Adagrad", amsgrad=True), None, ("amsgrad=true: Adagrad has no amsgrad",)),
+    ("Adagrad with Adam's key", typed("Adagrad", betas=[0.9, 0.99]), None, ("['betas']", "for type 'Adagrad'")),
+    ("Adagrad with low-precision state", typed("Adagrad", fp32_optimizer_states=False), None,
+     ("fp32_optimizer_states=false", "TieredAdagrad")),
+    ("Lion with eps", typed("Lion", eps=1e-8), None, ("['eps']", "for type 'Lion'")),
+    ("Lion betas single", typed("Lion", betas=[0.9]), None, ("betas=[0.9]", "pair")),
+    ("Lion lr auto", typed("Lion", lr="auto"), None, ("lr='auto'", "Hugging Face")),
+    ("SGD lr auto", typed("SGD", lr="auto"), None, ("lr='auto'", "Hugging Face")),
+    ("SGD with Adam's betas", typed("SGD", lr=0.1, betas=[0.9, 0.99]), None, ("['betas']", "that TieredSGD does not take")),
+    ("SGD into TieredAdamW", typed("SGD", lr=0.1), TieredAdamW.from_deepspeed_config,
+     ("optimizer.type='SGD' asks for TieredSGD (sgd), not TieredAdamW", "tierstore.from_deepspeed_config")),
+    ("Adam's L2 into TieredAdamW", typed("Adam", adam_w_mode=False, weight_decay=0.1), TieredAdamW.from_deepspeed_config,
+     ("L2", "build TieredAdam")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "config", "build", "fragments"), TYPE_REFUSALS, ids=[t[0] for t in TYPE_REFUSALS])
+def test_optimizer_types_refused_with_the_reason(name: str, config: dict, build: Any, fragments: tuple[str, ...]) -> None:
+    if "TieredSGD" in "".join(fragments) and "sgd" not in ALGORITHMS:
+        pytest.skip("sgd is not registered in this tierstore yet")
+    w = nn.Parameter(torch.ones(4))
+    with pytest.raises(ConfigError) as info:
+        (build or build_from_deepspeed_config)([w], config).close()
+    for fragment in fragments:
+        assert fragment in str(info.value), (fragment, str(info.value))
+
+
+def test_a_front_this_tierstore_lacks_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tierstore.fronts.deepspeed as builder
+
+    monkeypatch.setattr(builder, "front_of", lambda name: None)
+    assert map_deepspeed_config(typed("Lion"), algorithm=None).algorithm == "lion"
+    with pytest.raises(ConfigError, match="asks for TieredLion, which this tierstore does not have"):
+        build_from_deepspeed_config([nn.Parameter(torch.ones(4))], typed("Lion"))
+
+
+def test_nvme_ratio_plans_the_fields_of_the_type(tmp_path: Path) -> None:
+    """The ram_budget of a ratio counts the named algorithm's fields, with the options its arguments use."""
+    if "rmsprop" not in ALGORITHMS:
+        pytest.skip("rmsprop is not registered")
+    offload = {"device": "nvme", "nvme_path": str(tmp_path), "ratio": 0.5, "buffer_size": 4096}
+    config = {"optimizer": {"type": "RMSprop", "params": {"momentum": 0.9}}, "zero_optimization": {"stage": 3, "offload_optimizer": offload}}
+    params = [nn.Parameter(torch.zeros(64 * 1024))]
+    kwargs, mapping = deepspeed_kwargs(params, config, algorithm=None)
+    expected = ram_budget_for_ratio(params, 0.5, shard_numel=4096, algorithm="rmsprop", options={"momentum"})
+    assert mapping.algorithm == "rmsprop" and kwargs["ram_budget"] == expected
+    plain = ram_budget_for_ratio(params, 0.5, shard_numel=4096, algorithm="rmsprop")
+    assert expected > plain  # momentum_buffer is a second field
+    with build_from_deepspeed_config(params, config) as opt:
+        assert opt.layout.fields == ("square_avg", "momentum_buffer") and opt.plan.disk_shards

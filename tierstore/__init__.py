@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         TieredRMSprop,
         TieredSGD,
     )
+    from .fronts.deepspeed import from_deepspeed_config
     from .fronts.generic import tiered
     from .optimizer import TieredAdamW
 
@@ -98,6 +99,7 @@ __all__ = [
     "__version__",
     "diagnose",
     "format_size",
+    "from_deepspeed_config",
     "parse_size",
     "tiered",
 ]
@@ -115,6 +117,7 @@ _LAZY = {
     "TieredSGD": ("fronts", "TieredSGD"),
     "TieredAdagrad": ("fronts", "TieredAdagrad"),
     "diagnose": ("diagnose", "diagnose"),
+    "from_deepspeed_config": ("fronts.deepspeed", "from_deepspeed_config"),
 }
 
 

@@ -1,8 +1,10 @@
-"""Map the DeepSpeed config a user already has to :class:`~tierstore.TieredAdamW` arguments.
+"""Map the DeepSpeed config a user already has to a tiered front and its arguments.
 
-``TieredAdamW.from_deepspeed_config(params, config, **overrides)`` builds the
-optimizer; this module is the mapping it uses (pure: it reads the config and
-the parameters, builds nothing).
+``tierstore.from_deepspeed_config(params, config, **overrides)`` builds the
+front ``optimizer.type`` names (:mod:`tierstore.fronts.deepspeed`);
+``TieredAdamW.from_deepspeed_config`` builds a TieredAdamW (Adam and AdamW
+configs). The rest of this module is the mapping they use (pure: it reads the
+config and the parameters, builds nothing).
 
 Only two sections of a DeepSpeed config concern the optimizer, and only they
 are read: ``optimizer`` (``type`` and ``params``) and ``zero_optimization``
@@ -17,12 +19,23 @@ buckets) is accepted and has no effect, and is listed in
 :attr:`DeepSpeedMapping.ignored`.
 
 =====================================================  =====================================================
-DeepSpeed key                                          TieredAdamW
+DeepSpeed key                                          tiered front and its arguments
 =====================================================  =====================================================
-``optimizer.type`` ``"AdamW"``                         AdamW (decoupled weight decay)
-``optimizer.type`` ``"Adam"``                          AdamW: DeepSpeed's ``adam_w_mode`` defaults to true,
-                                                       i.e. decoupled decay; ``adam_w_mode: false`` (L2
-                                                       decay) is rejected unless ``weight_decay`` is 0
+``optimizer.type`` ``"AdamW"``                         ``TieredAdamW`` (decoupled weight decay)
+``optimizer.type`` ``"Adam"``                          ``TieredAdamW``: DeepSpeed's ``adam_w_mode`` defaults to
+                                                       true, i.e. decoupled decay; ``adam_w_mode: false`` (L2
+                                                       decay) is ``TieredAdam`` (``torch.optim.Adam``); to
+                                                       ``TieredAdamW.from_deepspeed_config`` it is refused
+                                                       unless ``weight_decay`` is 0
+``optimizer.type`` ``"Adagrad"``                       ``TieredAdagrad`` (``lr``, ``eps``, ``weight_decay``,
+                                                       ``lr_decay``, ``initial_accumulator_value``)
+``optimizer.type`` ``"Lion"``                          ``TieredLion`` with DeepSpeed's defaults (``lr`` 1e-3,
+                                                       ``betas`` (0.9, 0.999), ``weight_decay`` 0)
+``optimizer.type`` a ``torch.optim`` class name        its front (``"SGD"``: ``TieredSGD``, ``"RMSprop"``, ...),
+                                                       ``params`` as its arguments, as DeepSpeed passes them
+``optimizer.type`` ``OneBitAdam``, ``ZeroOneAdam``,    refused, with the reason (1-bit communication; a
+``OneBitLamb``, ``Lamb``, ``Muon``, ``MuAdam``, ...    layer-wise trust ratio or orthogonalisation, which
+                                                       are not elementwise; mup's width scaling)
 ``optimizer.params.lr/betas/eps/amsgrad``              ``lr``/``betas``/``eps``/``amsgrad``
 ``optimizer.params.weight_decay``                      ``weight_decay``; absent: 0.0, DeepSpeed's default
                                                        (0.01 with ``torch_adam: true``, torch's default)
@@ -61,6 +74,10 @@ from typing import Any
 
 from torch import Tensor
 
+from ._config.deepspeed_types import ADAM_TYPES, map_optimizer
+from ._config.deepspeed_types import (
+    PARAM_KEYS as PARAM_KEYS,  # the optimizer.params of an Adam/AdamW config
+)
 from ._config.knobs import Knobs
 from ._layout.budget import staging_nbytes
 from ._layout.layout import DEFAULT_SHARD_NUMEL, Layout
@@ -81,34 +98,36 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-OPTIMIZER_TYPES = ("adam", "adamw")
+OPTIMIZER_TYPES = ADAM_TYPES  # the types TieredAdamW.from_deepspeed_config builds
 DEVICES = ("none", "cpu", "nvme")
 # offload_optimizer keys that only tune DeepSpeed's swapping speed; tierstore always pipelines.
 SPEED_ONLY_OFFLOAD_KEYS = ("pipeline_read", "pipeline_write", "pipeline", "fast_init")
 OFFLOAD_KEYS = ("device", "nvme_path", "pin_memory", "ratio", "buffer_count", "buffer_size", *SPEED_ONLY_OFFLOAD_KEYS)
-PARAM_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "adam_w_mode", "torch_adam", "bias_correction",
-              "fp32_optimizer_states")
 
 
 @dataclass(frozen=True)
 class DeepSpeedMapping:
-    """What a DeepSpeed config asks of the optimizer, as ``TieredAdamW`` keyword arguments.
+    """What a DeepSpeed config asks of the optimizer, as a tiered front's keyword arguments.
 
     Attributes
     ----------
     kwargs
-        Keyword arguments for ``TieredAdamW`` (without ``ram_budget`` for nvme
+        Keyword arguments for the front (without ``ram_budget`` for nvme
         offload: that depends on the parameters, see :func:`ram_budget_for_ratio`).
     offload_ratio
         Fraction of the state DeepSpeed would offload to NVMe (``None``: all
         state stays in RAM).
     ignored
         Dotted names of keys accepted without effect (speed-only knobs).
+    algorithm
+        The registered name of the optimizer algorithm ``optimizer.type``
+        asks for (its front is built: ``"adamw"`` is ``TieredAdamW``).
     """
 
     kwargs: dict[str, Any]
     offload_ratio: float | None = None
     ignored: tuple[str, ...] = field(default_factory=tuple)
+    algorithm: str = "adamw"
 
 
 def load_config(config: Mapping[str, Any] | str | Path) -> dict[str, Any]:
@@ -151,7 +170,7 @@ def _number(value: Any, name: str, arg: str) -> float:
         hint = " ('auto' is filled in by Hugging Face's DeepSpeed integration)" if value == "auto" else ""
         raise ConfigError(
             f"{name}={value!r} must be a number{hint}; fix the config or pass the value as an "
-            f"override: TieredAdamW.from_deepspeed_config(params, config, {arg}=...)"
+            f"override: from_deepspeed_config(params, config, {arg}=...)"
         )
     return float(value)
 
@@ -171,7 +190,7 @@ def _count(value: Any, name: str, minimum: int) -> int:
 
 
 def map_deepspeed_config(
-    config: Mapping[str, Any] | str | Path, *, overrides: Mapping[str, Any] | None = None
+    config: Mapping[str, Any] | str | Path, *, overrides: Mapping[str, Any] | None = None, algorithm: str | None = None
 ) -> DeepSpeedMapping:
     """Validate the optimizer part of a DeepSpeed config and translate it (pure; no parameters needed).
 
@@ -180,16 +199,22 @@ def map_deepspeed_config(
     config
         A DeepSpeed config dict, or the path of its JSON file.
     overrides
-        ``TieredAdamW`` arguments the caller sets itself: their DeepSpeed keys
+        The front's arguments the caller sets itself: their DeepSpeed keys
         are not read (so ``"lr": "auto"`` is fine with ``lr`` given), but the
         values are still checked against the config (L2 weight decay).
+    algorithm
+        The algorithm of the front being built (``"adamw"``: a config of
+        another optimizer is refused, and Adam's L2 mode unless it has no
+        weight decay); ``None``: whichever ``optimizer.type`` asks for
+        (:attr:`DeepSpeedMapping.algorithm`).
 
     Raises
     ------
     ConfigError
-        For keys tierstore cannot honour (another optimizer type, L2 weight
-        decay, offloading parameters, unknown offload keys, a ZeRO stage that
-        contradicts the offload settings, ...), naming the key and the fix.
+        For keys tierstore cannot honour (an optimizer type it has no front
+        for, with the reason for DeepSpeed's own; L2 weight decay for
+        TieredAdamW; offloading parameters, unknown offload keys, a ZeRO stage
+        that contradicts the offload settings, ...), naming the key and the fix.
 
     Example
     -------
@@ -199,68 +224,22 @@ def map_deepspeed_config(
     >>> m.kwargs["lr"], m.kwargs["state_dir"], m.kwargs["prefetch_depth"], m.offload_ratio
     (0.0003, '/nvme', 3, 1.0)
     """
+    from ._compute.algorithms import ALGORITHMS
+
     cfg = load_config(config)
     skip = dict(overrides or {})
-    kwargs: dict[str, Any] = {}
     ignored: list[str] = []
-    _map_optimizer(_section(cfg, "optimizer", ""), kwargs, skip)
+    section = _section(cfg, "optimizer", "")
+    chosen, kwargs = map_optimizer(section, skip, wanted=algorithm, algorithms=ALGORITHMS)
+    if algorithm is not None and chosen != algorithm:
+        asked, mine = ALGORITHMS.get(chosen), ALGORITHMS.get(algorithm)
+        front = asked.label if asked is not None else repr(chosen)
+        raise ConfigError(
+            f"optimizer.type={section.get('type')!r} asks for {front}, not {mine.front if mine else algorithm}: build it "
+            "with tierstore.from_deepspeed_config(params, config), which builds the front the type names"
+        )
     ratio = _map_zero(_section(cfg, "zero_optimization", ""), kwargs, ignored)
-    return DeepSpeedMapping(kwargs=kwargs, offload_ratio=ratio, ignored=tuple(ignored))
-
-
-def _map_optimizer(opt: dict[str, Any], kwargs: dict[str, Any], skip: dict[str, Any]) -> None:
-    if not opt:
-        return  # no optimizer section: TieredAdamW's (torch AdamW's) defaults
-    unknown = sorted(set(opt) - {"type", "params"})
-    if unknown:
-        raise ConfigError(f"optimizer has unknown keys {unknown}; tierstore reads optimizer.type and optimizer.params")
-    kind = opt.get("type", "AdamW")
-    if not isinstance(kind, str) or kind.lower() not in OPTIMIZER_TYPES:
-        raise ConfigError(
-            f"optimizer.type={kind!r} is not supported: TieredAdamW implements Adam/AdamW only. "
-            "Use 'AdamW' (or 'Adam'), or keep that optimizer outside tierstore"
-        )
-    params = _section(opt, "params", "optimizer.")
-    unknown = sorted(set(params) - set(PARAM_KEYS))
-    if unknown:
-        raise ConfigError(f"optimizer.params has keys tierstore cannot honour: {unknown}; it knows {list(PARAM_KEYS)}")
-    where = "optimizer.params."
-    adam_w_mode = _flag(params.get("adam_w_mode", True), where + "adam_w_mode")
-    torch_adam = _flag(params.get("torch_adam", False), where + "torch_adam")
-    decoupled = kind.lower() == "adamw" or adam_w_mode  # DeepSpeed's effective_adam_w_mode
-    if "lr" in params and "lr" not in skip:
-        kwargs["lr"] = _number(params["lr"], where + "lr", "lr")
-    if "betas" in params and "betas" not in skip:
-        betas = params["betas"]
-        if not isinstance(betas, (list, tuple)) or len(betas) != 2:
-            raise ConfigError(f"{where}betas={betas!r} must be a pair such as [0.9, 0.999]")
-        kwargs["betas"] = (_number(betas[0], where + "betas[0]", "betas"), _number(betas[1], where + "betas[1]", "betas"))
-    if "eps" in params and "eps" not in skip:
-        kwargs["eps"] = _number(params["eps"], where + "eps", "eps")
-    if "weight_decay" in skip:
-        decay = skip["weight_decay"]
-    else:
-        # DeepSpeed's FusedAdam and DeepSpeedCPUAdam default to 0; torch_adam uses torch's AdamW (0.01).
-        default = 0.01 if torch_adam and decoupled else 0.0
-        decay = kwargs["weight_decay"] = _number(params.get("weight_decay", default), where + "weight_decay", "weight_decay")
-    if not decoupled and decay != 0.0:
-        raise ConfigError(
-            f"optimizer.type={kind!r} with adam_w_mode=false applies weight_decay={decay} as L2 "
-            "regularisation (added to the gradient); TieredAdamW decays weights decoupled (AdamW). "
-            "Set adam_w_mode to true (DeepSpeed's default), use type 'AdamW', or set weight_decay to 0"
-        )
-    if "amsgrad" in params and "amsgrad" not in skip:
-        kwargs["amsgrad"] = _flag(params["amsgrad"], where + "amsgrad")
-    if not _flag(params.get("bias_correction", True), where + "bias_correction"):
-        raise ConfigError(
-            f"{where}bias_correction=false is not supported: TieredAdamW always applies Adam's bias "
-            "correction (as torch.optim.AdamW does). Remove the key"
-        )
-    if not _flag(params.get("fp32_optimizer_states", True), where + "fp32_optimizer_states"):
-        raise ConfigError(
-            f"{where}fp32_optimizer_states=false asks for low-precision moments; TieredAdamW keeps "
-            "them in fp32. Remove the key (fp32 state is what tierstore offloads to RAM and disk)"
-        )
+    return DeepSpeedMapping(kwargs=kwargs, offload_ratio=ratio, ignored=tuple(ignored), algorithm=chosen)
 
 
 def _map_zero(zero: dict[str, Any], kwargs: dict[str, Any], ignored: list[str]) -> float | None:
@@ -353,10 +332,14 @@ def ram_budget_for_ratio(
     keep_master: bool | None = None,
     moment_dtype: str = "float32",
     workers: int | None = None,
+    algorithm: str = "adamw",
+    options: Iterable[str] | None = None,
 ) -> int:
     """The ``ram_budget`` that leaves about ``ratio`` of the state on disk.
 
-    Builds the layout ``TieredAdamW`` will build (the same fields, moment
+    Builds the layout the front of ``algorithm`` (``TieredAdamW`` by default)
+    will build, with the fields of ``options`` (``None``: the options the
+    groups use; ``amsgrad=True`` adds ``"amsgrad"``) (the same fields, moment
     format, shard size and arena) and returns arena + staging + decode
     scratch + ``(1 - ratio)`` of the state's bytes (as stored: a compressed
     ``moment_dtype`` needs less); whole shards stay resident, so the resident
@@ -378,10 +361,15 @@ def ram_budget_for_ratio(
     """
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
         raise ConfigError(f"ratio={ratio!r} must be a number in [0, 1] (the fraction of the state on disk)")
+    from ._compute.algorithms import algorithm_named
+
     groups = _groups(materialize_params(params))
+    chosen = algorithm_named(algorithm)
+    in_use = set(chosen.options(groups) if options is None else options) | ({"amsgrad"} if amsgrad else set())
     spec = decide_for(
         [p for g in groups for p in g["params"]],
-        amsgrad=amsgrad or any(g.get("amsgrad", False) for g in groups),
+        algorithm=chosen,
+        options=frozenset(in_use),
         keep_master=keep_master,
         arena_slots=prefetch_depth + 2,
         ram_budget=None,
@@ -394,6 +382,7 @@ def ram_budget_for_ratio(
         shard_numel=spec.shard_numel,
         fields=spec.fields,
         moment_dtype=spec.moment_format,
+        algorithm=spec.algorithm,
     )
     arena = spec.arena_slots * layout.slot_nbytes
     fixed = arena + staging_nbytes(layout, spec.staging_buffers) + layout.scratch_nbytes(spec.workers)
@@ -406,24 +395,42 @@ def optimizer_arguments(init: Any) -> set[str]:
 
 
 def deepspeed_kwargs(
-    params: list[Any], config: Mapping[str, Any] | str | Path, *, accepted: set[str] | None = None, **overrides: Any
+    params: list[Any],
+    config: Mapping[str, Any] | str | Path,
+    *,
+    accepted: set[str] | None = None,
+    algorithm: str | None = "adamw",
+    **overrides: Any,
 ) -> tuple[dict[str, Any], DeepSpeedMapping]:
-    """The ``TieredAdamW`` keyword arguments for ``params`` under a DeepSpeed config, and the mapping.
+    """The keyword arguments of a tiered front for ``params`` under a DeepSpeed config, and the mapping.
 
     ``overrides`` (keyword arguments of the optimizer) win over the config.
     ``accepted`` (the optimizer's argument names, see :func:`optimizer_arguments`)
-    makes an unknown override an error here rather than when the optimizer is built.
+    makes an unknown override or config key an error here rather than when the
+    optimizer is built. ``algorithm``: the front's (``"adamw"``, TieredAdamW's,
+    by default; ``None``: whichever ``optimizer.type`` asks for, see
+    :func:`map_deepspeed_config`).
 
     Raises
     ------
     ConfigError
         For keys that cannot be honoured, or an override not in ``accepted``.
     """
+    from ._compute.algorithms import ALGORITHMS
+
+    def front(name: str | None) -> str:
+        return ALGORITHMS[name].front if name in ALGORITHMS else "the optimizer's"
+
     unknown = sorted(set(overrides) - accepted) if accepted is not None else []
     if unknown:
-        raise ConfigError(f"overrides {unknown} are not TieredAdamW arguments; it takes {sorted(accepted)}")
-    mapping = map_deepspeed_config(config, overrides=overrides)
+        raise ConfigError(f"overrides {unknown} are not {front(algorithm)} arguments; it takes {sorted(accepted)}")
+    mapping = map_deepspeed_config(config, overrides=overrides, algorithm=algorithm)
     kwargs = dict(mapping.kwargs)
+    unknown = sorted(set(kwargs) - accepted) if accepted is not None else []
+    if unknown:
+        raise ConfigError(
+            f"optimizer.params has keys {unknown} that {front(mapping.algorithm)} does not take; it takes {sorted(accepted)}"
+        )
     if mapping.offload_ratio is not None and "ram_budget" not in overrides:
         # A fixed shard size: the budget below is computed for it (the automatic choice depends on the budget).
         kwargs.setdefault("shard_numel", DEFAULT_SHARD_NUMEL)
@@ -433,8 +440,12 @@ def deepspeed_kwargs(
             mapping.offload_ratio,
             shard_numel=shard_numel,
             prefetch_depth=overrides.get("prefetch_depth", kwargs.get("prefetch_depth", 2)),
-            amsgrad=bool(overrides.get("amsgrad", kwargs.get("amsgrad", False))),
             keep_master=overrides.get("keep_master"),
+            algorithm=mapping.algorithm,
+            # The options the groups use, with the constructor's values as every group's defaults.
+            options=ALGORITHMS[mapping.algorithm].options(
+                [{**kwargs, **overrides, **g} for g in _groups(materialize_params(params))]
+            ),
             moment_dtype=overrides.get("moment_dtype", "float32"),
             workers=overrides.get("update_threads"),
         )
@@ -444,3 +455,4 @@ def deepspeed_kwargs(
         log.info("DeepSpeed keys accepted without effect (speed or communication only): %s", ", ".join(mapping.ignored))
     kwargs.update(overrides)
     return kwargs, mapping
+
