@@ -9,13 +9,19 @@ Every kill must leave the state directory at the last step the child saw
 committed (or the next, when it died inside a commit) with every committed
 checksum intact; training resumed from it must end bitwise equal to an
 uninterrupted run of torch.optim.AdamW(fused=True). Every backend, masters
-and amsgrad mid-training, streamed and all-resident state.
+and amsgrad mid-training, streamed and all-resident state. A state over two
+directories (issue 25): kills in its commits (mid-write, before the syncs of
+both drives, with both synced and the manifest not yet renamed, renamed but
+not synced, after), while it is built and at random instants; both
+directories must hold the one committed step (every checksum on both drives
+verifies) and resume bitwise.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+from pathlib import Path
 
 import pytest
 
@@ -165,9 +171,9 @@ _durations: dict[tuple, dict[str, float]] = {}
 
 def _calibrated(job: CrashJob) -> dict[str, float]:
     """Seconds each phase of ``job`` takes, from one uninterrupted run (cached per configuration)."""
-    key = (job.backend, job.ram_budget, job.amsgrad, job.durable, job.forward_seconds)
+    key = (job.backend, job.ram_budget, job.amsgrad, job.durable, job.forward_seconds, len(job.directories))
     if key not in _durations:
-        calib = dataclasses.replace(job, state_dir=job.state_dir + "-calibrate")
+        calib = job.in_directories(tuple(d + "-calibrate" for d in job.directories))
         result = run_child(calib)
         assert result.exitcode == 0, result
         _durations[key] = result.durations
@@ -252,3 +258,80 @@ def test_non_durable_directory_resumed_then_killed_in_its_first_step_is_refused(
     result = run_child(job, crash=("mid-write", 1, "step 3"))
     _assert_landed(result, ["step 3"], "mid-write")
     _resume_refused(job)
+
+
+# -- a state over two directories (issue 25) ---------------------------------------------------
+
+
+def _two_drive_job(tmp_path, backend: str, config: int, **changes) -> CrashJob:
+    """A run over two directories, its shards placed by a knobs file's figures (the same in every child)."""
+    from tierstore._config.knobs_file import (
+        DriveFigure,
+        device_of,
+        encode_knobs_file,
+        knobs_document,
+    )
+
+    knobs = tmp_path / "knobs.json"
+    if not knobs.exists():
+        figure = DriveFigure(str(tmp_path), device_of(tmp_path), 2e9)
+        knobs.write_bytes(encode_knobs_file(knobs_document({}, drives=[figure])))
+    home = str(tmp_path / "state")
+    return CrashJob(state_dir=(home, home + "-drive1"), steps=STEPS, backend=backend, extra={"knobs": str(knobs)},
+                    **CONFIGS[config], **changes)  # fmt: skip
+
+
+def _spans_both(job: CrashJob) -> None:
+    """The state really is over both directories: a member record there, shards placed on each."""
+    import json
+
+    manifest = json.loads((Path(job.home) / "manifest.json").read_text())
+    assert set(manifest["drives"]["placement"]) == {0, 1}, manifest["drives"]
+    assert (Path(job.directories[1]) / "drive.json").exists()
+
+
+TWO_DRIVE_POINTS = [
+    pytest.param(point, backend, config, id=f"{point}-{backend}")
+    for point, backend, config in (
+        ("mid-write", "direct", 0),
+        ("before-sync", "buffered", 1),
+        ("manifest-tmp", "mmap", 2),  # both drives synced, the manifest not yet renamed
+        ("manifest-renamed", "direct", 1),
+        ("after-commit", "buffered", 0),
+    )
+]
+
+
+@pytest.mark.parametrize("point, backend, config", TWO_DRIVE_POINTS)
+def test_kill_over_two_directories_at_named_point_then_resume_is_bitwise_exact(ram_tmp_path, point, backend, config):
+    once = _once_per_commit(point, config)
+    job = _two_drive_job(ram_tmp_path, backend, config, forward_seconds=FORWARD_SECONDS if once else 0.0)
+    phases = _window_for(point, "middle", config)
+    result = run_child(job, crash=(point, 1 if once else 2, phases))
+    _assert_landed(result, phases, point)
+    _spans_both(job)
+    assert killed_state_problems(job, result) == []
+    _finish_and_compare(ram_tmp_path, job)
+
+
+@pytest.mark.parametrize("point, after", [("before-sync", 2), ("manifest-renamed", 1), ("mid-write", 3)])
+def test_kill_over_two_directories_while_building_then_resume_is_bitwise_exact(ram_tmp_path, point, after):
+    job = _two_drive_job(ram_tmp_path, "direct", 0)
+    result = run_child(job, crash=(point, after, "construct"))
+    _assert_landed(result, ["construct"], point)
+    assert killed_state_problems(job, result) == []
+    _finish_and_compare(ram_tmp_path, job)
+    _spans_both(job)
+
+
+@pytest.mark.parametrize("window", ["middle", "background"])
+def test_kill_over_two_directories_at_a_random_instant_then_resume_is_bitwise_exact(ram_tmp_path, window):
+    rng = random.Random(f"two-{window}")
+    job = _two_drive_job(ram_tmp_path, "mmap", 0, forward_seconds=FORWARD_SECONDS if window == "background" else 0.0)
+    phase = rng.choice(_window(window))
+    delay = rng.uniform(0.0, 0.9) * _calibrated(job).get(phase, 0.0)
+    result = run_child(job, kill_in=(phase, delay))
+    _assert_landed(result, [phase])
+    _spans_both(job)
+    assert killed_state_problems(job, result) == []
+    _finish_and_compare(ram_tmp_path, job)

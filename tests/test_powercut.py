@@ -5,6 +5,11 @@ state directory); then images of what a power cut at many points would
 leave are resumed, each in a fresh directory. The harness must also fail:
 deliberately broken durability (a sync that does nothing, a manifest renamed
 before its data is synced, a rename never made durable) is caught.
+
+A state over two directories (issue 25) is recorded in one log, both
+directories in every image: one commit over both drives means every image
+resumes at one committed step on both; a second drive whose syncs do nothing,
+or whose new files' names are never made durable, is caught.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 
 from tierstore._platform.hostmem import HostBuffer
 from tierstore._state import statedir
+from tierstore._storage.drive_files import DriveFiles
 from tierstore.backends import open_backend
 from tierstore.backends.direct import BufferedFile
 from tierstore.backends.mmap_file import MmapFile
@@ -279,3 +285,98 @@ def test_the_soak_writes_its_json(tmp_path, capsys):
     summary = json.loads(out.read_text())["summary"]
     assert summary["images"] == 4 and summary["violations"] == 0 and summary["per_backend"]["mmap"]["images"] == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["soak.json"]  # the runs cleaned up
+
+
+# -- a state over two directories (issue 25) ---------------------------------------------------
+
+
+def test_a_name_in_the_second_directory_is_durable_only_by_that_directorys_sync(ram_tmp_path):
+    a, b = ram_tmp_path / "a", ram_tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    with Recorder([a, b]) as rec:
+        for d in (a, b):
+            fd = os.open(d / "f", os.O_WRONLY | os.O_CREAT)
+            os.write(fd, d.name.encode())
+            os.fsync(fd)
+            os.close(fd)
+        dfd = os.open(a, os.O_RDONLY)
+        os.fsync(dfd)  # the first directory's names only
+        os.close(dfd)
+        rec.phase("a synced")
+        dfd = os.open(b, os.O_RDONLY)
+        os.fsync(dfd)
+        os.close(dfd)
+        rec.phase("b synced")
+    recording = rec.recording()
+    early = recording.image(_cut_after(recording, "a synced"), seed=0, style="dropped")
+    assert early.files == {"f": b"a"} and early.members == [{}]
+    late = recording.image(_cut_after(recording, "b synced"), seed=0, style="dropped")
+    assert late.files == {"f": b"a"} and late.members == [{"f": b"b"}]
+    late.materialize(ram_tmp_path / "x", [ram_tmp_path / "y"])
+    assert (ram_tmp_path / "y" / "f").read_bytes() == b"b"
+
+
+def _two_drive_job(root: Path, **changes) -> CrashJob:
+    """A run over two directories in ``root``, its shards placed by a knobs file's figures (no probe recorded)."""
+    from tierstore._config.knobs_file import (
+        DriveFigure,
+        device_of,
+        encode_knobs_file,
+        knobs_document,
+    )
+
+    knobs = root / "knobs.json"
+    knobs.write_bytes(encode_knobs_file(knobs_document({}, drives=[DriveFigure(str(root), device_of(root), 2e9)])))
+    return CrashJob(state_dir=(str(root / "state"), str(root / "state-drive1")), steps=4, forward_seconds=0.01,
+                    extra={"knobs": str(knobs)}, **changes)  # fmt: skip
+
+
+TWO_DRIVES = {
+    "direct-streamed-masters": dict(backend="direct", ram_budget="112KiB"),
+    "mmap-resident-amsgrad": dict(backend="mmap", ram_budget=None, amsgrad=True),
+}
+
+
+@pytest.mark.parametrize("name", TWO_DRIVES)
+def test_every_power_cut_image_over_two_directories_resumes_at_one_committed_step_bitwise(ram_tmp_path, name):
+    job = _two_drive_job(ram_tmp_path, **TWO_DRIVES[name])
+    recording = record_run(job)
+    # Both directories took writes, syncs and names: the cuts fall between the drives' operations.
+    assert any(op.name.startswith("1/shards") for op in recording.ops if op.kind == "create")
+    assert any(op.kind == "dirsync" and op.where == "root1" for op in recording.ops)
+    result = run_powercuts(job, images=IMAGES, seed=len(name), workdir=ram_tmp_path / "images", recording=recording)
+    assert result.violations == []
+    assert result.images == IMAGES and result.outcomes["resumed"] == IMAGES
+    assert {"construct", "step", "forward"} <= set(result.phases)
+    assert len(result.resumed_steps) >= 3, result.resumed_steps
+
+
+def _second_drive_never_syncs(self):
+    if self.index == 0:
+        return REAL_START_SYNC(self)
+    return None
+
+
+def _second_drive_names_never_synced(self, dirty):
+    self._unsynced_names = False  # as if the new files' names were made durable: they were not
+    return REAL_SYNC(self, dirty)
+
+
+REAL_START_SYNC, REAL_SYNC = DriveFiles.start_sync, DriveFiles._sync
+TWO_DRIVE_BREAKAGES = {
+    "second-drive-sync-does-nothing": ("start_sync", _second_drive_never_syncs),
+    "second-drive-file-names-never-synced": ("_sync", _second_drive_names_never_synced),
+}
+
+
+@pytest.mark.parametrize("name", TWO_DRIVE_BREAKAGES)
+def test_broken_durability_of_the_second_drive_is_caught(ram_tmp_path, monkeypatch, name):
+    job = _two_drive_job(ram_tmp_path, backend="buffered", ram_budget="112KiB")
+    attr, broken = TWO_DRIVE_BREAKAGES[name]
+    monkeypatch.setattr(DriveFiles, attr, broken)
+    recording = record_run(job)
+    monkeypatch.undo()
+    result = run_powercuts(job, images=2 * IMAGES, seed=1, workdir=ram_tmp_path / "images", recording=recording)
+    assert result.violations, f"{name} went unnoticed: {result.summary()}"
+    assert all("reported" in v for v in result.violations)

@@ -10,7 +10,13 @@
 - :mod:`tierstore.testing.fsrecord`: record every operation that reaches a directory.
 - :mod:`tierstore.testing.fsimage`: the images a power cut could leave of it.
 - :mod:`tierstore.testing.powercut`: record a training run, resume from power-cut
-  images of it, compare bitwise with ``torch.optim.AdamW(fused=True)``.
+  images of it, compare bitwise with ``torch.optim.AdamW(fused=True)`` (a state
+  over several directories too: one log, every directory in each image).
+- :mod:`tierstore.testing.drives`: a second, faster "drive" for tests of a state
+  over several directories (an ext4 loop device in tmpfs, or a tmpfs directory),
+  saying which.
+- :mod:`tierstore.testing.move_kill`: kill a ``tierstore move`` in a child at a
+  crash point, say where it died.
 - :mod:`tierstore.testing.ranks`: run a function in gloo ranks on the CPU, kill
   them all when one dies, say where each ended.
 - :mod:`tierstore.testing.distributed`: deterministic FSDP2/ZeRO training jobs

@@ -42,7 +42,7 @@ import os
 import signal
 import time
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -73,9 +73,10 @@ POLL_SECONDS = 0.0002  # how often the parent looks at the child's phase while i
 
 @dataclass(frozen=True)
 class CrashJob:
-    """A deterministic training run whose state lives in ``state_dir``."""
+    """A deterministic training run whose state lives in ``state_dir``: a directory, or a tuple of them
+    (a state over several drives, the home first)."""
 
-    state_dir: str
+    state_dir: str | tuple[str, ...]
     steps: int = 8
     shapes: tuple[tuple[int, ...], ...] = ((257, 33), (1000,), (17,), (64, 64), (5000,))
     ram_budget: str | None = "112KiB"
@@ -92,13 +93,27 @@ class CrashJob:
     commit_every: object = 1  # every step, so the kills land in commits too ("auto" spaces them in a tight loop)
     extra: dict = field(default_factory=dict)
 
+    @property
+    def directories(self) -> tuple[str, ...]:
+        """Every directory of the state, the home first."""
+        return tuple(self.state_dir) if isinstance(self.state_dir, tuple) else (self.state_dir,)
+
+    @property
+    def home(self) -> str:
+        """The directory holding the manifest."""
+        return self.directories[0]
+
+    def in_directories(self, directories: tuple[str, ...]) -> CrashJob:
+        """This job with its state in ``directories`` (as many as it has; one: a plain path)."""
+        return replace(self, state_dir=directories[0] if len(directories) == 1 else tuple(directories))
+
     def optimizer_kwargs(self) -> dict:
         """TieredAdamW's keyword arguments for this job (resuming whatever committed state the directory holds)."""
         return dict(
             lr=self.lr,
             weight_decay=self.weight_decay,
             amsgrad=self.amsgrad,
-            state_dir=self.state_dir,
+            state_dir=list(self.state_dir) if isinstance(self.state_dir, tuple) else self.state_dir,
             ram_budget=self.ram_budget,
             shard_numel=self.shard_numel,
             backend=self.backend,
@@ -441,7 +456,7 @@ def run_child(
     if proc.is_alive():
         proc.kill()
         proc.join()
-        raise TimeoutError(f"training child for {job.state_dir} ran longer than {timeout} s")
+        raise TimeoutError(f"training child for {job.home} ran longer than {timeout} s")
     from .._platform import faults
 
     killed = killed or proc.exitcode == -signal.SIGKILL
@@ -472,7 +487,7 @@ def killed_state_problems(job: CrashJob, result: ChildResult, *, before: int | N
     """
     from .._state.reader import StateReader
 
-    manifest = Path(job.state_dir) / "manifest.json"
+    manifest = Path(job.home) / "manifest.json"
     phase = result.landed_phase or ""
     name, _, k = phase.partition(" ")
     if result.completed < 0:
@@ -486,7 +501,7 @@ def killed_state_problems(job: CrashJob, result: ChildResult, *, before: int | N
         allowed = set(range(result.completed, max(latest, result.completed) + 1))
     if not manifest.exists():
         return [] if None in allowed else [f"no manifest after a kill in {phase!r}; expected step {sorted(allowed)}"]
-    with StateReader(job.state_dir) as reader:
+    with StateReader(list(job.directories)) as reader:
         committed = reader.step_count
         problems = [str(p) for p in reader.verify() if p.severity == "error"]
     if committed not in allowed:

@@ -15,7 +15,10 @@ The model
   ``fdatasync`` on Linux).
 - A create, rename or unlink in the directory is durable once an ``fsync``
   of the directory that began after it ended has returned; the directory's
-  own creation, once its parent was so synced.
+  own creation, once its parent was so synced. With several directories
+  (:class:`~tierstore.testing.fsrecord.Recorder` of a list), each name is
+  durable only by a sync of its own directory (a file of directory ``k > 0``
+  is named ``"k/name"``), and each image holds every directory.
 - A cut falls before some event's start, or after the last. Durable
   operations that started before it are in the image; every other one is,
   by a seeded draw, kept, dropped or (a write) torn: each 4 KiB page of it
@@ -66,7 +69,7 @@ class Op:
     size: int = 0  # truncate: the new size; extend: the size grown to at least
     length: int = 0  # a mapping's msync: the range's length
     channel: str = "fd"  # write/sync through a descriptor ("fd") or a shared mapping ("map")
-    where: str = "root"  # dirsync: "root" or "parent"
+    where: str = "root"  # dirsync: whose ("root", "root{k}", "parent", "parent{k}", comma-joined); mkroot: "root{k}"
     step: int | None = None  # report: the step reported committed (None: nothing resumable)
     label: str = ""  # phase
 
@@ -82,19 +85,26 @@ class Image:
     reported: int | None  # the step last reported committed before the cut (None: none, or retracted)
     phase: str  # what the run was doing at the cut
     fates: dict[str, int] = field(default_factory=dict)  # unsynced operations kept / torn / dropped
+    members: list[dict[str, bytes] | None] = field(default_factory=list)  # directories 1, 2, ... of several
 
-    def materialize(self, path: str | Path) -> None:
-        """Write the image to ``path`` (which must not exist); nothing when the directory was lost."""
-        if self.files is None:
-            return
-        path = Path(path)
-        path.mkdir(parents=True)
-        for name, data in self.files.items():
-            (path / name).write_bytes(data)
+    def materialize(self, path: str | Path, members: list[str | Path] | tuple[str | Path, ...] = ()) -> None:
+        """Write the image to ``path`` (which must not exist); nothing when the directory was lost.
+
+        ``members``: where to write directories 1, 2, ... of a recording of several (each must not exist).
+        """
+        for files, where in ((self.files, path), *zip(self.members, members, strict=True)):
+            if files is None:
+                continue
+            where = Path(where)
+            where.mkdir(parents=True)
+            for name, data in files.items():
+                (where / name).write_bytes(data)
 
     def describe(self) -> str:
         fates = ", ".join(f"{k} {v}" for k, v in sorted(self.fates.items()) if v)
         files = "directory lost" if self.files is None else f"{len(self.files)} files"
+        for k, member in enumerate(self.members, 1):
+            files += f", directory {k} lost" if member is None else f", {len(member)} in directory {k}"
         return f"cut {self.cut} in {self.phase!r} ({self.style}: {fates or 'nothing unsynced'}; {files})"
 
 
@@ -108,6 +118,7 @@ class Recording:
     root_existed: bool
     unsupported: list[str]
     end: int  # a cut here falls after every operation
+    members_existed: tuple[bool, ...] = ()  # directories 1, 2, ... of a recording of several, when it started
 
     def __post_init__(self) -> None:
         self._durable = self._durability()
@@ -120,15 +131,17 @@ class Recording:
             if op.kind == "sync":
                 syncs.setdefault(op.inode, []).append(op)
             elif op.kind == "dirsync":
-                dirsyncs.setdefault(op.where, []).append(op)
+                for whose in op.where.split(","):  # a parent several directories share syncs each one's name
+                    dirsyncs.setdefault(whose, []).append(op)
         out: list[float] = []
         for op in self.ops:
             if op.kind in DATA_KINDS:
                 candidates = [s for s in syncs.get(op.inode, ()) if s.begin > op.end and _covers(s, op)]
             elif op.kind in NAME_KINDS:
-                candidates = [s for s in dirsyncs.get("root", ()) if s.begin > op.end]
+                candidates = [s for s in dirsyncs.get(_directory_of(op.name), ()) if s.begin > op.end]
             elif op.kind == "mkroot":
-                candidates = [s for s in dirsyncs.get("parent", ()) if s.begin > op.end]
+                parent = "parent" + op.where.removeprefix("root")
+                candidates = [s for s in dirsyncs.get(parent, ()) if s.begin > op.end]
             else:
                 candidates = []
             out.append(min((s.end for s in candidates), default=float("inf")))
@@ -214,7 +227,7 @@ class Recording:
             raise ValueError(f"style={style!r}; choose one of {STYLES}")
         fates = dict.fromkeys(("writes kept", "writes torn", "writes dropped", "names kept", "names dropped"), 0)
         names = dict(self.initial_names)
-        root = self.root_existed
+        exists = {"root": self.root_existed} | {f"root{k}": e for k, e in enumerate(self.members_existed, 1)}
         contents: dict[int, bytearray] = {}
         for op, durable_after in zip(self.ops, self._durable):
             if op.begin >= cut:
@@ -227,7 +240,7 @@ class Recording:
                     if not keep:
                         continue
                 if op.kind == "mkroot":
-                    root = True
+                    exists[op.where] = True
                 else:
                     _apply_name(names, op)
             elif op.kind in DATA_KINDS:
@@ -245,10 +258,21 @@ class Recording:
                     _apply(buf, op, None)
                 elif fate == "torn":
                     _apply(buf, op, rng)
-        files = None
-        if root:
-            files = {name: bytes(contents.get(inode, self.initial.get(inode, b""))) for name, inode in names.items()}
-        return Image(cut, seed, style, files, self.reported_at(cut), self.phase_at(cut), fates)
+        trees: list[dict[str, bytes] | None] = []
+        for k in range(1 + len(self.members_existed)):
+            tag = "root" if k == 0 else f"root{k}"
+            prefix = "" if k == 0 else f"{k}/"
+            trees.append(None if not exists[tag] else {
+                name.removeprefix(prefix): bytes(contents.get(inode, self.initial.get(inode, b"")))
+                for name, inode in names.items() if _directory_of(name) == tag
+            })  # fmt: skip
+        return Image(cut, seed, style, trees[0], self.reported_at(cut), self.phase_at(cut), fates, trees[1:])
+
+
+def _directory_of(name: str) -> str:
+    """The tag of the directory a logged name is in: ``"root"``, or ``"root{k}"`` for ``"k/name"``."""
+    head, slash, _ = name.partition("/")
+    return f"root{head}" if slash else "root"
 
 
 def _covers(sync: Op, op: Op) -> bool:

@@ -1,4 +1,4 @@
-"""Record every operation that reaches one directory, from every thread, in one order.
+"""Record every operation that reaches one directory (or several), from every thread, in one order.
 
 :class:`Recorder` (a context manager) replaces, while active, the ``os``
 functions through which bytes and names reach a directory (``open``,
@@ -15,6 +15,13 @@ after it returned (``end``): a global order over all threads.
 :mod:`tierstore.testing.fsimage` builds what a power cut would leave.
 Anything the model does not cover (subdirectories, ``O_APPEND``, a rename
 into or out of the directory) is listed in ``Recording.unsupported``.
+
+Several directories (a state over several drives) are recorded in one log:
+``Recorder([home, drive1, ...])``. A file of directory ``k > 0`` is named
+``"k/name"`` in the log and the images, and directory syncs say whose
+(``where``: ``"root"`` or ``"root{k}"``, a parent ``"parent"`` or
+``"parent{k}"``, several when directories share a parent), so each name is
+durable only once its own directory was synced.
 
 Example
 -------
@@ -49,6 +56,15 @@ class _Open:
     where: str = "root"
 
 
+def root_tag(k: int) -> str:
+    """How the log names directory ``k``'s own syncs: ``"root"`` for the first, ``"root{k}"`` for the others."""
+    return "root" if k == 0 else f"root{k}"
+
+
+def parent_tag(k: int) -> str:
+    return "parent" if k == 0 else f"parent{k}"
+
+
 class Recorder:
     """Record every operation that reaches ``root`` while active (a context manager).
 
@@ -57,13 +73,19 @@ class Recorder:
     Parameters
     ----------
     root
-        The directory to watch (it may not exist yet: its creation is recorded).
+        The directory to watch (it may not exist yet: its creation is recorded),
+        or a list of them (a state over several drives), recorded in one log.
     """
 
-    def __init__(self, root: str | Path) -> None:
-        self.root = os.path.abspath(root)
+    def __init__(self, root: str | Path | list[str | Path] | tuple[str | Path, ...]) -> None:
+        roots = list(root) if isinstance(root, (list, tuple)) else [root]
+        self.roots = [os.path.abspath(r) for r in roots]
+        self.root = self.roots[0]
         self.parent = os.path.dirname(self.root)
-        self._resolved = {os.path.realpath(self.root): self.root, os.path.realpath(self.parent): self.parent}
+        self.parents = [os.path.dirname(r) for r in self.roots]
+        self._resolved = {}
+        for path in (*self.roots, *self.parents):
+            self._resolved[os.path.realpath(path)] = path
         self._lock = threading.Lock()
         self._clock = 0
         self._ops: list[Op] = []
@@ -73,16 +95,24 @@ class Recorder:
         self._next_inode = 0
         self._unsupported: list[str] = []
         self._saved: list[tuple[object, str, object]] = []
-        self._root_existed = os.path.isdir(self.root)
+        self._existed = [os.path.isdir(r) for r in self.roots]
+        self._root_existed = self._existed[0]
+
+    @staticmethod
+    def _qualified(k: int, name: str) -> str:
+        """A file's name in the log: its own name in the first directory, ``"k/name"`` in directory ``k``."""
+        return name if k == 0 else f"{k}/{name}"
 
     # -- lifecycle ----------------------------------------------------
     def __enter__(self) -> Recorder:
-        if self._root_existed:
-            for name in sorted(os.listdir(self.root)):
-                path = os.path.join(self.root, name)
+        for k, root in enumerate(self.roots):
+            if not self._existed[k]:
+                continue
+            for name in sorted(os.listdir(root)):
+                path = os.path.join(root, name)
                 if os.path.isfile(path):
                     inode = self._new_inode()
-                    self._names[name] = inode
+                    self._names[self._qualified(k, name)] = inode
                     with open(path, "rb") as f:
                         self._initial[inode] = f.read()
                 else:
@@ -107,6 +137,7 @@ class Recorder:
                 root_existed=self._root_existed,
                 unsupported=list(self._unsupported),
                 end=self._clock + 1,
+                members_existed=tuple(self._existed[1:]),
             )
 
     # -- marks a harness adds -----------------------------------------
@@ -141,7 +172,8 @@ class Recorder:
         self._ops.append(op)
 
     def _place(self, path: object) -> tuple[str | None, str]:
-        """Where ``path`` is: ("file", name) in root, ("root"|"parent", "") or ("below", path); (None, "") elsewhere."""
+        """Where ``path`` is: ("file", its name in the log) in a root, ("root"|"parent", whose: the tags
+        of :meth:`_where_tag`) or ("below", path); (None, "") elsewhere."""
         if isinstance(path, int):
             return None, ""
         try:
@@ -149,14 +181,14 @@ class Recorder:
         except TypeError:
             return None, ""
         full = os.path.abspath(text)
-        if full == self.root:
-            return "root", ""
-        if full == self.parent:
-            return "parent", ""
+        if full in self.roots:
+            return "root", root_tag(self.roots.index(full))
+        if full in self.parents:
+            return "parent", ",".join(parent_tag(k) for k, p in enumerate(self.parents) if p == full)
         head, name = os.path.split(full)
-        if head == self.root:
-            return "file", name
-        if full.startswith(self.root + os.sep):
+        if head in self.roots:
+            return "file", self._qualified(self.roots.index(head), name)
+        if any(full.startswith(root + os.sep) for root in self.roots):
             return "below", full
         return None, ""
 
@@ -232,7 +264,7 @@ class Recorder:
             return real(path, flags, mode, dir_fd=dir_fd)
         if place in ("root", "parent"):
             fd = real(path, flags, mode, dir_fd=dir_fd)
-            self._fds[fd] = _Open(None, place)
+            self._fds[fd] = _Open(None, name)  # a directory: whose syncs these are
             return fd
         begin = self.begin()
         fd = real(path, flags, mode, dir_fd=dir_fd)
@@ -354,8 +386,8 @@ class Recorder:
         real = functools.partial(self._real["rename"], src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
         if p1 is None and p2 is None:
             return real()
-        if p1 != "file" or p2 != "file":
-            self._unsupported.append(f"rename {src} -> {dst} (not both in {self.root})")
+        if p1 != "file" or p2 != "file" or n1.partition("/")[0] != n2.partition("/")[0] and ("/" in n1 or "/" in n2):
+            self._unsupported.append(f"rename {src} -> {dst} (not both in one of {self.roots})")
             return real()
         begin = self.begin()
         real()
@@ -379,7 +411,7 @@ class Recorder:
             self._add(Op(begin, 0, "unlink", name=name))
 
     def _mkdir(self, path, mode=0o777, *, dir_fd=None):
-        place, _ = self._where(path, dir_fd)
+        place, tag = self._where(path, dir_fd)
         if place is None or place == "parent":
             return self._real["mkdir"](path, mode, dir_fd=dir_fd)
         if place != "root":
@@ -388,7 +420,7 @@ class Recorder:
         begin = self.begin()
         self._real["mkdir"](path, mode, dir_fd=dir_fd)
         with self._lock:
-            self._add(Op(begin, 0, "mkroot"))
+            self._add(Op(begin, 0, "mkroot", where=tag))
 
     def _rmdir(self, path, *, dir_fd=None):
         place, _ = self._where(path, dir_fd)

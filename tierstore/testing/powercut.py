@@ -55,7 +55,6 @@ Example
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import shutil
 import time
@@ -110,7 +109,7 @@ def record_run(job: CrashJob, *, committed: Committed | None = None, reported_be
 
     committed = committed or default_committed(job)
     params = initial_params(job)
-    with Recorder(job.state_dir) as rec:
+    with Recorder(list(job.directories)) as rec:
         rec.report(reported_before)
         rec.phase("construct")
         opt = TieredAdamW(params, **job.optimizer_kwargs())
@@ -142,7 +141,7 @@ def record_after_cut(job: CrashJob, *, seed: int, workdir: str | Path, committed
     the first cut (torn stale copies, a temporary manifest, the in-flight
     marker) are the second run's durable starting point.
     """
-    first_job = dataclasses.replace(job, state_dir=str(Path(workdir) / "first-run"))
+    first_job = job.in_directories(_directories(Path(workdir) / "first-run", len(job.directories)))
     first = record_run(first_job, committed=committed)
     expected = trajectory(job)
     rng = random.Random(seed)
@@ -154,11 +153,17 @@ def record_after_cut(job: CrashJob, *, seed: int, workdir: str | Path, committed
             break
     else:
         raise RuntimeError(f"no image of {job} resumed after 100 draws")
-    shutil.rmtree(first_job.state_dir, ignore_errors=True)
+    for directory in first_job.directories:
+        shutil.rmtree(directory, ignore_errors=True)
     shutil.rmtree(Path(workdir) / "probe", ignore_errors=True)
-    image.materialize(job.state_dir)
+    image.materialize(job.home, job.directories[1:])
     # The image holds that step durably now: nothing committed may be lost from here on.
     return record_run(job, committed=committed, reported_before=verdict.step)
+
+
+def _directories(home: Path, count: int) -> tuple[str, ...]:
+    """``count`` directories for a state: ``home``, then ``home-drive1``, ... beside it."""
+    return (str(home), *(f"{home}-drive{k}" for k in range(1, count)))
 
 
 @dataclass
@@ -187,10 +192,11 @@ def check_image(image: Image, job: CrashJob, expected: list[Snapshot], workdir: 
     """
     from .. import TieredAdamW, TierstoreError
 
-    state = Path(workdir) / "state"
-    shutil.rmtree(state, ignore_errors=True)
-    image.materialize(state)
-    here = dataclasses.replace(job, state_dir=str(state))
+    directories = _directories(Path(workdir) / "state", len(job.directories))
+    for directory in directories:
+        shutil.rmtree(directory, ignore_errors=True)
+    image.materialize(directories[0], directories[1:])
+    here = job.in_directories(directories)
     params = initial_params(here)  # a fresh start uses these; a resume with masters restores them
     try:
         opt = TieredAdamW(params, **here.optimizer_kwargs())
@@ -265,7 +271,9 @@ def run_powercuts(
 ) -> PowercutResult:
     """Record ``job`` (unless ``recording`` is given), then check ``images`` power-cut images of it.
 
-    ``job.state_dir`` must not hold state unless ``recording`` is given.
+    ``job.state_dir`` must not hold state unless ``recording`` is given (a
+    tuple of directories: a state over several drives, recorded in one log;
+    each image is resumed from as many fresh directories).
     ``cuts`` replaces the default choice of images. Images of tiny jobs
     check fastest with one intra-op thread (``torch.set_num_threads(1)``)
     and ``workdir`` on tmpfs; neither changes results.
