@@ -138,3 +138,25 @@ def test_a_parameter_cut_into_pieces_counts_its_step_once() -> None:
         _train(opt, got, 3)
         assert float(opt.state_dict()["state"][0]["step"]) == 3.0
     assert torch.equal(want[0], got[0])
+
+
+def test_the_bench_runs_and_finds_the_adapter_bitwise(tmp_path) -> None:
+    import json
+    import runpy
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "out.json"
+    argv = ["generic_adapter.py", "--params", "3e5", "--rounds", "1", "--warmup", "0", "--bitwise-steps", "1",
+            "--dir", str(tmp_path), "--json", str(out)]  # fmt: skip
+    script = Path(__file__).resolve().parent.parent / "bench" / "generic_adapter.py"
+    saved, sys.argv = sys.argv, argv
+    try:
+        with pytest.raises(SystemExit) as ended:
+            runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = saved
+    assert ended.value.code == 0
+    document = json.loads(out.read_text())
+    assert document["bitwise"]["bitwise"] and document["bitwise"]["state_disk_bytes"] > 0
+    assert len(document["streamed"]["ratios"]) == 1 and {v["key"] for v in document["verdicts"]} >= {"generic_bitwise"}
