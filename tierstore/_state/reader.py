@@ -39,6 +39,8 @@ Example
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -54,12 +56,18 @@ from .._storage.placement import drive_offsets
 from .._storage.store import STATE_FILES
 from ..backends import ShardFile, open_backend
 from ..backends.base import O_CLOEXEC
-from ..errors import BackendError, CorruptStateError, DriveSetError, StateDirError
+from ..errors import (
+    BackendError,
+    CorruptStateError,
+    DriveSetError,
+    StateDirError,
+    StateDirInUseError,
+)
 from . import manifest as manifest_mod
 from .drive_record import MEMBER
 from .drives import read_member_at, state_dir_paths
 from .manifest_file import read_manifest_file
-from .statedir import INFLIGHT, MANIFEST
+from .statedir import INFLIGHT, MANIFEST, read_holder
 
 #: Offline reads bypass the page cache where the filesystem allows it (a verify of a
 #: large state must not fill the page cache with it); ``buffered`` where it does not.
@@ -99,6 +107,11 @@ class StateReader:
         the list of all of its directories, home first.
     progress
         Called with the bytes of every shard copy read (for a progress bar).
+    lock
+        Take each directory's lock, as an optimizer does (``tierstore move``:
+        no optimizer may commit while the state is copied); released by
+        :meth:`close`. No holder record is written: the directories stay as
+        they were.
 
     Raises
     ------
@@ -106,6 +119,8 @@ class StateReader:
         If ``path`` is not a path (a ``str`` or ``os.PathLike``) or is empty.
     StateDirError
         If it is not a directory that can be opened.
+    StateDirInUseError
+        With ``lock``, if an open optimizer holds one of the directories.
     DriveSetError
         If another drive of the state is missing, holds no member record of
         this state, is another drive of it, or the list's length differs from
@@ -119,7 +134,11 @@ class StateReader:
     """
 
     def __init__(
-        self, path: str | os.PathLike | list[str | os.PathLike], *, progress: Callable[[int], object] | None = None
+        self,
+        path: str | os.PathLike | list[str | os.PathLike],
+        *,
+        progress: Callable[[int], object] | None = None,
+        lock: bool = False,
     ) -> None:
         given = state_dir_paths(path, name="path")
         if given is None:
@@ -133,7 +152,10 @@ class StateReader:
         self._dir_fd: int | None = _open_dir(self.path, missing=CorruptStateError(
             f"{self.path / MANIFEST} is missing; this directory holds no committed state"))  # fmt: skip
         self._dir_fds.append(self._dir_fd)
+        self._lock = lock
         try:
+            if lock:  # before the manifest is read: no commit replaces it while this reader holds it
+                _lock_dir(self._dir_fd, self.path)
             self.manifest = read_manifest_file(self.path / MANIFEST, dir_fd=self._dir_fd)
             self.layout: Layout = manifest_mod.saved_layout(self.manifest, str(self.path))
             #: Every directory of the state, the home first.
@@ -168,6 +190,8 @@ class StateReader:
                 f"drive {k} of the state in {str(self.path)!r} is missing: {str(paths[k])!r} ({how}) does not "
                 "exist. Mount the drive, or pass all of the state's directories where they are now, home first"))  # fmt: skip
             self._dir_fds.append(fd)
+            if self._lock:
+                _lock_dir(fd, paths[k])
             member = read_member_at(fd, paths[k] / MEMBER)
             if member is None or member.state != record["id"] or member.index != k:
                 what = "holds no member record" if member is None else (
@@ -432,3 +456,15 @@ def _open_dir(path: Path, *, missing: Exception) -> int:
     except OSError as exc:
         raise StateDirError(f"cannot open the state directory {path}: {exc.strerror}; pass a directory you can read") from exc
 
+
+
+def _lock_dir(fd: int, path: Path) -> None:
+    """Take the directory's lock as an optimizer does (flock on its descriptor), or say who holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise StateDirInUseError(
+                f"state_dir={str(path)!r} is in use by an open optimizer ({read_holder(fd)}); close() it first"
+            ) from None
+        raise StateDirError(f"cannot lock {str(path)!r}: {exc.strerror}; put the state on a local filesystem") from exc

@@ -56,6 +56,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("tierstore.cli.inspection.verify", "check every checksum of a state directory (non-zero exit on corruption)"),
     "export": ("tierstore.cli.inspection.export", "stream a state directory into a zarr v3 checkpoint"),
     "to-torch": ("tierstore.cli.inspection.to_torch", "convert a state directory into a torch.optim.AdamW state dict (.pt)"),
+    "move": ("tierstore.cli.move", "copy a state onto another set of drives (more, fewer, others), shard by shard within a RAM budget"),
     "diagnose": ("tierstore.cli.diagnose", "measure where training memory peaks for a module factory"),
 }
 
