@@ -58,6 +58,15 @@ def _cases() -> list:
         run = dict(skip_every=0) if name == "TieredSGD" else {}
         cases.append(pytest.param(_case(test_id, P(front, **hyper), P(torch_cls, **hyper, **torch_only), **run), marks=mark))
     try:
+        from lion_pytorch import Lion
+    except ImportError:
+        cases.append(pytest.param(_case("lion", None, None), marks=pytest.mark.skip(reason="lion-pytorch is not installed")))
+    else:
+        front = _front("TieredLion")
+        mark = () if front is not None else (pytest.mark.skip(reason="TieredLion has not landed"),)
+        hyper = dict(lr=1e-3, weight_decay=0.1)
+        cases.append(pytest.param(_case("lion", P(front or TieredAdamW, **hyper), P(Lion, **hyper)), marks=mark))
+    try:
         import pytorch_optimizer as po
     except ImportError:
         skip = pytest.mark.skip(reason="pytorch-optimizer is not installed (the test extra)")
