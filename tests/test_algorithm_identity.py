@@ -524,3 +524,107 @@ def test_diagnose_refuses_an_unknown_optimizer_name(registered) -> None:
         diagnose(torch.nn.Linear(2, 2), torch.ones(1, 2), optimizer="lamb")
     with pytest.raises(ConfigError, match="measures torch.optim.AdamLike, which cannot be imported here"):
         diagnose(torch.nn.Linear(2, 2), torch.ones(1, 2), optimizer="adamlike")
+
+
+# -- the real fronts ---------------------------------------------------------------------------
+
+
+def _front(name: str) -> type:
+    import tierstore
+
+    front = getattr(tierstore, registry.ALGORITHMS[name].front, None) if name in registry.ALGORITHMS else None
+    if front is None:
+        pytest.skip(f"this tierstore has no {name} front")
+    return front
+
+
+# A front's construction arguments that give its state a field (SGD and RMSprop keep none without momentum).
+_ARGS = {"sgd": {"lr": 0.1, "momentum": 0.9}, "rmsprop": {"lr": 0.01, "momentum": 0.9}, "adagrad": {"lr": 0.1}}
+
+
+def _real(name: str, params: list[torch.nn.Parameter], **kwargs: Any):
+    opt = _front(name)(params, **{"lr": 0.01, **_ARGS.get(name, {}), **kwargs})
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    return opt
+
+
+@pytest.mark.parametrize(("saved", "mine"), [("adamw", "sgd"), ("sgd", "adagrad"), ("adam", "adamw"), ("rmsprop", "adam")])
+def test_real_fronts_refuse_each_others_state_dirs(tmp_path: Path, saved: str, mine: str) -> None:
+    _real(saved, _model(), state_dir=tmp_path).close()
+    s, m = registry.ALGORITHMS[saved], registry.ALGORITHMS[mine]
+    with pytest.raises(LayoutMismatchError, match=re.escape(f"holds {s.label} state; this is {m.label}: resume it with a {s.front}")):
+        _front(mine)(_model(), **{"lr": 0.01, **_ARGS.get(mine, {})}, state_dir=tmp_path, resume=True)
+
+
+@pytest.mark.parametrize(
+    ("torch_class", "kwargs", "mine", "named"),
+    [(torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}, "adamw", "TieredSGD (sgd)"),
+     (torch.optim.Adagrad, {"lr": 0.1}, "sgd", "TieredAdagrad (adagrad)"),
+     (torch.optim.RMSprop, {"lr": 0.1}, "adagrad", "TieredRMSprop (rmsprop)"),
+     (torch.optim.AdamW, {"lr": 0.1}, "adagrad", "TieredAdamW (adamw)")],
+)  # fmt: skip
+def test_each_front_refuses_another_torch_classs_state_dict(torch_class, kwargs: dict, mine: str, named: str) -> None:
+    w = torch.nn.Parameter(torch.ones(5))
+    ref = torch_class([w], **kwargs)
+    w.grad = torch.ones(5)
+    ref.step()
+    front = _front(mine)
+    with front([torch.nn.Parameter(torch.ones(5))], **_ARGS.get(mine, {})) as opt, pytest.raises(ConfigError, match=re.escape(named)):
+        opt.load_state_dict(ref.state_dict())
+
+
+def test_a_real_fronts_checkpoint_loads_only_into_its_front(tmp_path: Path) -> None:
+    sgd = _front("sgd")
+    with _real("sgd", _model()) as opt:
+        save_checkpoint(opt, tmp_path / "sgd.zarr")
+        expected = opt.state_dict()
+    attrs = zarr.open_group(str(tmp_path / "sgd.zarr"), mode="r").attrs.asdict()
+    assert (attrs["algorithm"], attrs["torch_class"], attrs["arrays"]) == ("sgd", "torch.optim.SGD", ["momentum_buffer"])
+    with TieredAdamW(_model()) as opt, pytest.raises(LayoutMismatchError, match=r"holds TieredSGD \(sgd\) state; this is"):
+        load_checkpoint(opt, tmp_path / "sgd.zarr")
+    with sgd(_model(), lr=0.1, momentum=0.9) as opt:
+        load_checkpoint(opt, tmp_path / "sgd.zarr")
+        loaded = opt.state_dict()
+    for i, entry in expected["state"].items():
+        assert torch.equal(loaded["state"][i]["momentum_buffer"], entry["momentum_buffer"])
+
+
+def test_a_torch_sgd_state_dict_converts_and_loads_bitwise(tmp_path: Path) -> None:
+    sgd = _front("sgd")
+    params = _model()
+    ref = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    ref.step()
+    state_dict_to_checkpoint(ref.state_dict(), tmp_path / "c.zarr", algorithm="sgd")
+    back = checkpoint_to_state_dict(tmp_path / "c.zarr")
+    for i, entry in ref.state_dict()["state"].items():
+        assert list(back["state"][i]) == ["momentum_buffer"]
+        assert torch.equal(back["state"][i]["momentum_buffer"], entry["momentum_buffer"])
+    with sgd(_model(), lr=0.1, momentum=0.9) as opt:
+        load_checkpoint(opt, tmp_path / "c.zarr")
+        assert all(torch.equal(opt.state_dict()["state"][i]["momentum_buffer"], e["momentum_buffer"])
+                   for i, e in ref.state_dict()["state"].items())  # fmt: skip
+
+
+def test_a_real_fronts_dcp_state_names_its_algorithm_and_keeps_torchs_keys(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    from tierstore.dcp import ALGORITHM_KEY, TieredStateful
+
+    sgd = _front("sgd")
+    model = torch.nn.Linear(6, 4)
+    with _real("sgd", list(model.parameters())) as opt:
+        state = TieredStateful(opt, model).state_dict()
+        assert state[ALGORITHM_KEY] == "sgd" and list(state["state"]["weight"]) == ["momentum_buffer"]  # no step
+        dcp.save({"optim": TieredStateful(opt, model)}, checkpoint_id=tmp_path, no_dist=True)
+        expected = opt.state_dict()
+    with sgd(model.parameters(), lr=0.1, momentum=0.9) as opt:
+        dcp.load({"optim": TieredStateful(opt, model)}, checkpoint_id=tmp_path, no_dist=True)
+        assert opt.step_count == 1
+        for i, entry in expected["state"].items():
+            assert torch.equal(opt.state_dict()["state"][i]["momentum_buffer"], entry["momentum_buffer"])
+    with TieredAdamW(model.parameters()) as opt, pytest.raises(BaseException, match="Missing key in checkpoint"):
+        dcp.load({"optim": TieredStateful(opt, model)}, checkpoint_id=tmp_path, no_dist=True)  # DCP: keys it lacks

@@ -43,9 +43,10 @@ def state_owners(keys: Collection[str], mine: Algorithm) -> list[Algorithm]:
     """The registered algorithms other than ``mine`` whose torch state a parameter's entry with ``keys`` is.
 
     Empty when the entry holds no state key that ``mine`` lacks and another
-    algorithm keeps (other keys are the user's). The best match comes first:
-    an algorithm whose always-kept fields the entry holds, then the one with
-    the fewest fields.
+    algorithm keeps (other keys are the user's). Where some of them find
+    every field they always keep in the entry, only those are named (SGD's
+    ``momentum_buffer`` alone is SGD's, not RMSprop's, which always keeps
+    ``square_avg``), the one with the fewest fields first.
     """
     keys = set(keys)
     own = {*mine.field_names, *mine.state_scalars, MASTER_KEY}
@@ -54,7 +55,8 @@ def state_owners(keys: Collection[str], mine: Algorithm) -> list[Algorithm]:
     if not foreign:
         return []
     owners = [a for a in _registered() if a is not mine and foreign <= set(a.field_names)]
-    return sorted(owners, key=lambda a: (not set(a.required_fields()) <= keys, len(a.fields)))
+    complete = [a for a in owners if set(a.required_fields()) <= keys]
+    return sorted(complete or owners, key=lambda a: len(a.fields))
 
 
 def required_group_keys(algorithm: Algorithm) -> list[str]:
