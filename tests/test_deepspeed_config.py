@@ -101,6 +101,13 @@ MAPPINGS: list[tuple[str, dict[str, Any], dict[str, Any], float | None, tuple[st
         (),
     ),
     (
+        "nvme_path a list: one directory per drive (issue 25)",
+        zero({"device": "nvme", "nvme_path": ["/nvme0", "/nvme1"]}),
+        {"state_dir": ["/nvme0", "/nvme1"]},
+        1.0,
+        (),
+    ),
+    (
         "nvme with a ratio and speed-only knobs",
         zero(
             {"device": "nvme", "nvme_path": "/nvme", "ratio": 0.25, "fast_init": True, "pipeline_read": True,
@@ -172,6 +179,8 @@ BAD: list[tuple[str, Any, dict[str, Any], tuple[str, ...]]] = [
     ("unknown offload key", zero({"device": "nvme", "nvme_path": "/x", "max_in_cpu": 1e9}), {}, ("max_in_cpu", "does not know")),
     ("device hpu", zero({"device": "hpu"}), {}, ("device='hpu'", "'nvme'")),
     ("nvme without a path", zero({"device": "nvme"}), {}, ("nvme_path", "None")),
+    ("nvme_path an empty list", zero({"device": "nvme", "nvme_path": []}), {}, ("nvme_path", "one per drive", "[]")),
+    ("nvme_path a list with a number", zero({"device": "nvme", "nvme_path": ["/a", 3]}), {}, ("nvme_path", "['/a', 3]")),
     ("ratio above 1", zero({"device": "nvme", "nvme_path": "/x", "ratio": 1.5}), {}, ("ratio=1.5", "[0, 1]")),
     ("ratio with cpu keeps state on the GPU", zero({"device": "cpu", "ratio": 0.3}, stage=3), {}, ("ratio=0.3", "on the GPU")),
     ("buffer_count 0", zero({"device": "nvme", "nvme_path": "/x", "buffer_count": 0}), {}, ("buffer_count=0", ">= 1")),

@@ -41,7 +41,8 @@ DeepSpeed key                                          tiered front and its argu
                                                        (0.01 with ``torch_adam: true``, torch's default)
 ``offload_optimizer.device`` ``"none"``/``"cpu"``      all state in RAM (``ram_budget=None``)
 ``offload_optimizer.device`` ``"nvme"``                state in files under ``nvme_path``
-``offload_optimizer.nvme_path``                        ``state_dir`` (per rank: ``state_dir/rank{N}``)
+``offload_optimizer.nvme_path``                        ``state_dir`` (per rank: ``state_dir/rank{N}``); a list
+                                                       of paths: one directory per drive, the first the home
 ``offload_optimizer.ratio`` (nvme)                     the fraction of the state on disk, as in DeepSpeed
                                                        (fraction offloaded, default 1.0): ``ram_budget``
                                                        = arena + staging + ``(1 - ratio)`` x state bytes
@@ -300,9 +301,14 @@ def _map_zero(zero: dict[str, Any], kwargs: dict[str, Any], ignored: list[str]) 
             ignored.append(where + "nvme_path")
         return None  # TieredAdamW's default ram_budget=None: all state in RAM
     path = offload.get("nvme_path")
-    if not isinstance(path, (str, Path)) or not str(path):
-        raise ConfigError(f"{where}device='nvme' needs nvme_path, the directory for the state files; got {path!r}")
-    kwargs["state_dir"] = str(path)
+    paths = path if isinstance(path, list) else [path]
+    if not paths or not all(isinstance(p, (str, Path)) and str(p) for p in paths):
+        raise ConfigError(
+            f"{where}device='nvme' needs nvme_path, the directory for the state files (or a list of them, one "
+            f"per drive); got {path!r}"
+        )
+    # Several paths: one state over several drives, shards placed by each drive's bandwidth.
+    kwargs["state_dir"] = [str(p) for p in paths] if isinstance(path, list) else str(path)
     return ratio
 
 
