@@ -48,24 +48,10 @@ from pathlib import Path
 import torch
 
 __all__ = [
-    "CrashJob",
-    "initial_params",
-    "gradients",
-    "Snapshot",
-    "trajectory",
-    "moment_dtype",
-    "reference",
-    "differences",
-    "compare",
-    "phase_names",
-    "step_windows",
-    "Progress",
-    "train",
-    "ChildResult",
-    "kill_when_due",
-    "run_child",
-    "killed_state_problems",
-]
+    "CrashJob", "initial_params", "gradients", "Snapshot", "trajectory", "moment_dtype", "reference",
+    "differences", "compare", "phase_names", "step_windows", "Progress", "train", "ChildResult",
+    "kill_when_due", "run_child", "killed_state_problems",
+]  # fmt: skip
 
 _CONTEXT: mp.context.BaseContext | None = None
 POLL_SECONDS = 0.0002  # how often the parent looks at the child's phase while it waits to kill
