@@ -28,9 +28,11 @@ The formulas, for P trainable parameters with ``b`` bytes each (4 in fp32,
 
 - optimizer state: per field 4 B/param for an fp32 field, the moment
   format's bytes for a moment (``moment_dtype``: float32 4, bfloat16 2, int8
-  1.016 with its scales); fields are ``exp_avg`` and ``exp_avg_sq``,
-  ``max_exp_avg_sq`` with amsgrad, and an fp32 ``master`` when the
-  parameters are bf16/fp16 *or live on a GPU* (float32: 8, +4, +4 B/param);
+  1.016 with its scales, where the algorithm lets a format store the field);
+  fields are the optimizer algorithm's (``optimizer=``, AdamW by default:
+  ``exp_avg`` and ``exp_avg_sq``, ``max_exp_avg_sq`` with amsgrad; SGD with
+  momentum ``momentum_buffer``, Adagrad ``sum``), and an fp32 ``master`` when the
+  parameters are bf16/fp16 *or live on a GPU* (AdamW in float32: 8, +4, +4 B/param);
 - GPU: weights ``b·(P + frozen)`` and grads ``b·P`` (activations excluded);
 - host: arena ``(prefetch_depth + 2)`` slots of the largest shard, staging
   buffers, a compressed format's decode scratch, resident shards (stored
