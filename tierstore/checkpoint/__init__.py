@@ -1,4 +1,4 @@
-"""Streaming checkpoints in zarr v3, and conversions to and from ``torch.optim.AdamW`` state dicts.
+"""Streaming checkpoints in zarr v3, and conversions to and from torch state dicts (``torch.optim.AdamW``'s, or the state's algorithm's torch class's).
 
 A checkpoint is a zarr v3 group holding one 1-D array per state field
 (``exp_avg``, ``exp_avg_sq``, and ``max_exp_avg_sq`` / ``master_param`` when
@@ -59,7 +59,7 @@ from __future__ import annotations
 #   _validate          checks of what is read back: the directory tree, step counts, groups, parameter index
 #   _state_dir         a state directory opened without an optimizer, its files and manifest checked
 #   _streaming         save, export and load, streamed shard by shard (through the optimizer's arena)
-#   _torch_state_dict  conversions to and from torch.optim.AdamW state dicts (states that fit in RAM)
+#   _torch_state_dict  conversions to and from torch state dicts of the state's algorithm (states that fit in RAM)
 #   _files             files read and written without following links; atomic output files
 # Names outside __all__ that were importable from here before the split stay so (``name as name``):
 # the CLI imports write_output_file, open_state_reader and check_manifest_header from here.

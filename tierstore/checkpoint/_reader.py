@@ -140,14 +140,7 @@ class CheckpointReader:
                 + (f" (missing {missing}: a missing moment is never read as zeros)" if missing else "")
                 + ". The checkpoint is damaged, write it again"
             )
-        algorithm = layout.algorithm
-        for field in algorithm.required_fields():
-            if field not in layout.fields:
-                raise CorruptStateError(
-                    f"{where} has no {field} array (its layout holds {list(layout.fields)}); every {algorithm.label} "
-                    "state holds one. Pass a checkpoint written by save_checkpoint or tierstore export, or write this "
-                    "one again"
-                )
+        algorithm = layout.algorithm  # its layout holds every field the algorithm always keeps (Layout.from_dict)
         if version < least_version(layout) and algorithm.name != ADAMW.name:
             raise CorruptStateError(
                 f"{where} holds {algorithm.label} state but says format_version {version}; such state came with "

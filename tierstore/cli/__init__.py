@@ -55,7 +55,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("tierstore.cli.inspection.inspect", "show the committed step, layout, tiers and hyperparameters of a state directory"),
     "verify": ("tierstore.cli.inspection.verify", "check every checksum of a state directory (non-zero exit on corruption)"),
     "export": ("tierstore.cli.inspection.export", "stream a state directory into a zarr v3 checkpoint"),
-    "to-torch": ("tierstore.cli.inspection.to_torch", "convert a state directory into a torch.optim.AdamW state dict (.pt)"),
+    "to-torch": ("tierstore.cli.inspection.to_torch", "convert a state directory into its torch class's state dict (.pt): torch.optim.AdamW's for TieredAdamW"),
     "move": ("tierstore.cli.move", "copy a state onto another set of drives (more, fewer, others), shard by shard within a RAM budget"),
     "diagnose": ("tierstore.cli.diagnose", "measure where training memory peaks for a module factory"),
 }

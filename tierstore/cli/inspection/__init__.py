@@ -9,7 +9,7 @@ One module per command, each with ``add_arguments(parser)`` and ``run(args)``:
   a zarr checkpoint; every snapshot of trainer checkpoints;
 - :mod:`~tierstore.cli.inspection.export`: the committed state streamed into
   a zarr v3 checkpoint;
-- :mod:`~tierstore.cli.inspection.to_torch`: a ``torch.optim.AdamW`` state dict.
+- :mod:`~tierstore.cli.inspection.to_torch`: a state dict of the state's torch class (``torch.optim.AdamW``'s for a ``TieredAdamW``).
 
 Every command stands on :class:`~tierstore._state.reader.StateReader` (the
 manifest and the committed copy of each shard, verified) or on a zarr
