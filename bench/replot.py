@@ -31,7 +31,7 @@ from typing import Any
 from tierstore.cli.bench.report import hardware_line
 from tierstore.cli.bench.verdict import format_verdicts
 
-PLOTS = ("tierstore bench step", "tierstore bench io", "bench/convergence.py")
+PLOTS = ("tierstore bench step", "tierstore bench io", "bench/convergence.py", "bench/multi_drive.py")
 
 
 def _script(name: str) -> ModuleType:
@@ -101,6 +101,14 @@ def _io_drives(doc: dict[str, Any], plot: str | None) -> str:
         title = f"tierstore bench io: {', '.join(cfg['dirs'])} ({format_size(cfg['size'])} per transfer)"
         print(f"wrote {drives_report.plot(result, plot, title=title)}", file=sys.stderr)
     return drives_report.render(result, machine=doc.get("machine"))
+
+
+def _multi_drive(doc: dict[str, Any], plot: str | None) -> str:
+    script = _script("multi_drive")
+    if plot:
+        script.plot(doc, plot)
+        print(f"wrote {plot}", file=sys.stderr)
+    return script.render(doc)
 
 
 def _convergence(doc: dict[str, Any], plot: str | None) -> str:
@@ -183,6 +191,7 @@ REPORTS = {
     "bench overlap": _overlap,
     "bench durability": _durability,
     "bench/kernel_parts.py": _kernel_parts,
+    "bench/multi_drive.py": _multi_drive,
 }
 
 

@@ -237,3 +237,47 @@ def test_replot_renders_a_several_drive_json(two_dirs, tmp_path):
     png = tmp_path / "again.png"
     text = replot.REPORTS["tierstore bench io"](json.loads(out.read_text()), str(png))
     assert "d1 = " in text and png.read_bytes()[:4] == b"\x89PNG"
+
+
+# -- bench/multi_drive.py: its verdicts, from made-up rounds ----------------------------------------
+def _script(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_multi_drive_judges_each_target_round_by_round():
+    bench = _script("multi_drive")
+    seconds = {"striped": [1.0, 1.1, 0.9], "disk alone": [2.0, 2.0, 2.0], "fast alone": [1.5, 1.0, 1.2],
+               "same-drive pair": [2.2, 2.1, 2.3], "tuned": [1.0, 1.0, 1.0], "floor": [0.9, 1.0, 0.9]}
+    rows = {n: {"seconds": s, "split": [{"read_wait": 0.1, "update": 0.2, "write_wait": 0.0}] * 3}
+            for n, s in seconds.items()}
+    found = {v["key"]: v for v in bench.verdicts_of({"rows": rows, "streamed_bytes": 1 << 30})}
+    assert found["striped_vs_floor"]["samples"] == pytest.approx([1 / 0.9, 1.1, 1.0])
+    assert found["striped_vs_floor"]["verdict"] == "PASS"  # median 1.1 <= 1.15
+    assert found["striped_vs_fastest_alone"]["samples"] == pytest.approx([1 / 1.5, 1.1, 0.9 / 1.2])
+    assert found["same_drive_pair_vs_one"]["median"] == pytest.approx(1.1)
+    assert found["same_drive_pair_vs_one"]["verdict"] == "FAIL"  # above 1.05x
+    assert found["tuned_vs_defaults"]["samples"] == pytest.approx([1.0, 1 / 1.1, 1 / 0.9])
+    doc = {"machine": {"cpu_model": "x", "cpus": 2}, "drives": {"disk": "/d on ext4", "fast": "loop"},
+           "config": {"params": 10, "budget": "1/8"}, "interleaved": {"rows": rows, "streamed_bytes": 1 << 30},
+           "verdicts": list(found.values())}
+    text = bench.render(doc)
+    assert text.startswith("hardware: ") and "\nfloor " in text and "; 3 rounds, the order rotating" in text
+    assert "FAIL  two directories on the same drive: step / the one-directory step: median 1.10x" in text
+
+
+def test_multi_drive_refuses_bad_options_before_it_allocates(tmp_path):
+    bench = _script("multi_drive")
+    with pytest.raises(ConfigError, match="only tune and big can be skipped"):
+        bench.main(["--dir", str(tmp_path), "--skip", "lunch"])
+    with pytest.raises(ConfigError, match="--rounds=0 must be >= 1"):
+        bench.main(["--dir", str(tmp_path), "--rounds", "0"])
+    with pytest.raises(ConfigError, match="not a parameter count"):
+        bench.main(["--dir", str(tmp_path), "--params", "many"])
+    with pytest.raises(SystemExit):
+        bench.main([])  # --dir is required
+    assert list(tmp_path.iterdir()) == []

@@ -76,7 +76,7 @@ def filesystem_of(path: str | os.PathLike) -> str:
     return kind
 
 
-def _loop(base: Path) -> SecondDrive | None:
+def _loop(base: Path, image_bytes: int = LOOP_IMAGE_BYTES) -> SecondDrive | None:
     if os.geteuid() != 0 or not all(shutil.which(t) for t in ("losetup", "mkfs.ext4", "mount", "umount")):
         return None
     shm = Path("/dev/shm")
@@ -87,7 +87,7 @@ def _loop(base: Path) -> SecondDrive | None:
     mount_point.mkdir(parents=True, exist_ok=True)
     cleanup = [lambda: image.unlink(missing_ok=True), lambda: mount_point.rmdir()]
     try:
-        os.truncate(image, LOOP_IMAGE_BYTES)
+        os.truncate(image, image_bytes)
         subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True, timeout=60)
         subprocess.run(["mount", "-o", "loop", str(image), str(mount_point)], check=True, capture_output=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
@@ -101,14 +101,15 @@ def _loop(base: Path) -> SecondDrive | None:
     return SecondDrive(path, "loop", "ext4 on a loop device backed by a file in tmpfs", cleanup)
 
 
-def second_drive(base: str | os.PathLike, *, loop: bool = False) -> SecondDrive:
+def second_drive(base: str | os.PathLike, *, loop: bool = False, loop_bytes: int = LOOP_IMAGE_BYTES) -> SecondDrive:
     """A directory on a second, faster filesystem than ``base``'s, the best this machine allows (see the module docs).
 
     ``base``: the test's own directory (a loop device is mounted under it);
-    ``loop``: try a loop device first.
+    ``loop``: try a loop device first, of ``loop_bytes`` (tmpfs holds its
+    backing file: bench/multi_drive.py asks for room for its states).
     """
     base = Path(base)
-    drive = _loop(base) if loop else None
+    drive = _loop(base, loop_bytes) if loop else None
     if drive is not None:
         return drive
     shm = Path("/dev/shm")

@@ -27,7 +27,8 @@ Example
 >>> with DriveSet(dirs, size=4 << 20, backend="buffered").open() as drives:
 ...     alone = drives.alone(0, "write", request_bytes=1 << 20, workers=2)
 ...     both = drives.together("read", [2 << 20, 2 << 20], request_bytes=1 << 20, workers=2)
->>> alone > 0 and both > 0
+...     step = drives.read_write_back([3 << 20, 1 << 20], request_bytes=1 << 20, workers=2, overlap=True)
+>>> alone > 0 and both > 0 and step > 0
 True
 >>> proportional_shares(10 << 20, [3.0, 1.0], align=1 << 20, cap=8 << 20)
 [8388608, 2097152]
@@ -277,14 +278,61 @@ class DriveSet:
             raise errors[0]
         return max(ends.values()) - t0 if ends else 0.0
 
+    def read_write_back(self, shares: Sequence[int], *, request_bytes: int, workers: int, sync: bool = True,
+                        overlap: bool = False) -> float:
+        """Seconds for every drive at once to read its share and write it back (a streamed step's I/O, no update).
+
+        Each drive reads ``shares[i]`` bytes and writes as many back, with its
+        own queue: one after the other, or (``overlap=True``) both at once,
+        each with a queue of its own, as the store's separate read and write
+        workers do. ``sync=False``: no sync after the writes, as a step that is
+        not durable. The time ends when the last drive is done.
+        """
+        self._require_open()
+        if len(shares) != len(self.drives) or any(s < 0 or s > self.size for s in shares):
+            raise ConfigError(f"shares {list(shares)} must be one per drive, each within 0..{self.size} bytes")
+        errors: list[BaseException] = []
+        jobs = [(i, ops) for i in range(len(self.drives)) if shares[i]
+                for ops in ((("read",), ("write",)) if overlap else (("read", "write"),))]
+        barrier = threading.Barrier(len(jobs) + 1)
+        ends: list[float] = []
+
+        def run(i: int, ops: tuple[str, ...]) -> None:
+            buffer = self.buffer(request_bytes, workers)
+            try:
+                barrier.wait()
+                for op in ops:
+                    _timed(self, i, op, shares[i], request_bytes, workers, buffer, sync=sync)
+                ends.append(time.perf_counter())
+            except BaseException as exc:  # re-raised once every drive stopped
+                errors.append(exc)
+                barrier.abort()
+            finally:
+                buffer.close()
+
+        threads = [threading.Thread(target=run, args=job, name=f"tierstore-drive-{job[0]}") for job in jobs]
+        for t in threads:
+            t.start()
+        with contextlib.suppress(threading.BrokenBarrierError):  # a drive failed to start: raised below
+            barrier.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return max(ends) - t0 if ends else 0.0
+
     def buffer(self, request_bytes: int, workers: int) -> HostBuffer:
         """A pre-touched buffer for two request windows (capped at the file), as one transfer uses."""
         return HostBuffer(min(2 * request_bytes * workers, 2 * self.size), pin=False)
 
 
 def _timed(drives: DriveSet, index: int, op: str, nbytes: int, request_bytes: int, workers: int,
-           buffer: HostBuffer | None, *, barrier: threading.Barrier | None = None) -> float:
-    """Move ``nbytes`` of drive ``index``'s file from offset 0 through an IOQueue, two windows queued."""
+           buffer: HostBuffer | None, *, barrier: threading.Barrier | None = None, sync: bool = True) -> float:
+    """Move ``nbytes`` of drive ``index``'s file from offset 0 through an IOQueue, two windows queued.
+
+    A write ends with the file's sync (``sync=False``: without, as a step of a state that is not durable).
+    """
     drive, path = drives.drives[index], drives.files[index]
     own = buffer is None
     buf = drives.buffer(request_bytes, workers) if own else buffer
@@ -306,7 +354,7 @@ def _timed(drives: DriveSet, index: int, op: str, nbytes: int, request_bytes: in
                 pending.append(submit(file, buf.view[base: base + min(window, nbytes - offset)], offset))
             while pending:
                 pending.popleft().wait()
-            if op == "write":
+            if op == "write" and sync:
                 file.sync()
             return time.perf_counter() - t0
     finally:
