@@ -367,3 +367,38 @@ def test_tune_help_imports_no_torch():
             "\n    try:\n        main(['tune', '--help'])\n    except SystemExit:\n        pass\nprint('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+
+
+def test_a_state_over_two_drives_keeps_its_placement_whatever_the_knobs_file(tmp_path):
+    """Placed by one file's bandwidths, resumed with a file that says the opposite and with none: the same shards."""
+    from tierstore._config.knobs_file import device_of
+
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    gen = torch.Generator().manual_seed(5)
+    params = [torch.nn.Parameter(torch.randn(30_000, generator=gen))]
+    grads = [[torch.randn(30_000, generator=gen)] for _ in range(4)]
+    expected = _torch_steps(params, grads, 4)
+
+    def knobs(name, speeds):
+        figures = [DriveFigure(str(d), device_of(d), bw) for d, bw in zip(dirs, speeds)]
+        path = tmp_path / name
+        path.write_bytes(knobs_file.encode_knobs_file(knobs_file.knobs_document({"io_workers": 2}, drives=figures)))
+        return path
+
+    placements = []
+    step = 0
+    runs = ((knobs("fast-first.json", (3e9, 1e9)), False, 2), (knobs("slow-first.json", (1e9, 3e9)), True, 1),
+            (None, True, 1))
+    for knob, resume, steps in runs:
+        with TieredAdamW(params, lr=1e-2, state_dir=[str(d) for d in dirs], ram_budget=60_000, shard_numel=1024,
+                         knobs=knob, resume=resume) as opt:
+            for _ in range(steps):
+                for p, g in zip(params, grads[step]):
+                    p.grad = g.clone()
+                opt.step()
+                step += 1
+        placements.append(json.loads((dirs[0] / "manifest.json").read_text())["drives"]["placement"])
+    assert placements[0] == placements[1] == placements[2]
+    assert placements[0].count(0) > placements[0].count(1)  # the first file's 3:1 decided it
+    for p, ref in zip(params, expected):
+        assert torch.equal(p.detach(), ref.detach())
