@@ -356,3 +356,17 @@ def test_a_snapshot_that_is_not_the_files_own_is_refused(tmp_path: Path) -> None
         CorruptStateError, match=r"a\.ckpt.*not the one this checkpoint saved"
     ):
         tl._load_reference(fresh, state[REFERENCE_KEY])
+
+
+def test_a_remote_checkpoint_path_is_refused_before_anything_is_written(tmp_path: Path, monkeypatch) -> None:
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    from tierstore.errors import ConfigError
+    from tierstore.integrations import lightning as tl
+
+    monkeypatch.chdir(tmp_path)
+    ws = [torch.nn.Parameter(torch.randn(16))]
+    io = tl.SnapshotCheckpointIO(TorchCheckpointIO())
+    with TieredAdamW(ws, lr=0.1) as opt, pytest.raises(ConfigError, match=r"s3://bucket/last\.ckpt.*remote URL"):
+        io.save_checkpoint({"optimizer_states": [tl._Pending(opt, 0)]}, "s3://bucket/last.ckpt")
+    assert os.listdir(tmp_path) == []  # no local folder named like the URL

@@ -122,6 +122,14 @@ class SnapshotCheckpointIO(CheckpointIO):
         states = checkpoint.get("optimizer_states")
         written: list[tuple[Path, Path]] = []  # (folder written, its final name) of each snapshot
         if isinstance(states, list) and any(isinstance(s, _Pending) for s in states):
+            if "://" in str(path):
+                # A snapshot streams through local files (O_DIRECT, fsync, rename); a remote URL would become a
+                # local folder named like it. Refused before anything is written.
+                raise ConfigError(
+                    f"TieredCheckpoints writes the optimizer's snapshot beside the checkpoint file on a local "
+                    f"filesystem; {str(path)!r} is a remote URL: give ModelCheckpoint a local dirpath (copy the "
+                    "folder to remote storage after the save, .ckpt and .ckpt.tierstore/ together)"
+                )
             checkpoint = dict(checkpoint)
             checkpoint["optimizer_states"] = [self._write_snapshot(s, path, written) if isinstance(s, _Pending) else s
                                               for s in states]  # fmt: skip
