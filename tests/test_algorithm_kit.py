@@ -80,9 +80,7 @@ def _cases() -> list:
 
 
 #: Checks a front knowingly fails, with the reason (strict: the day it passes, the mark must go).
-KNOWN_FAILURES = {
-    ("nadam", "resume_after_kill"): "TieredNAdam keeps mu_product in RAM only and refuses a state_dir",
-}
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 
 
 def _params() -> list:

@@ -47,6 +47,7 @@ from ._config.knobs import (
 from ._config.knobs_file import read_knobs_file
 from ._layout.budget import TierPlan
 from ._layout.layout import Layout, layout_format
+from ._layout.scalar_record import given_scalars, record_of
 from ._layout.spec import check_param_kinds
 from ._layout.torch_format import (
     check_same_params,
@@ -137,8 +138,6 @@ class TieredOptimizer(torch.optim.Optimizer):
             check_int("shard_numel", shard_numel, 1)
         self._format = layout_format(moment_format(moment_dtype))  # None is an error here, not the default
         Journal.check_arguments(state_dir, durable=durable, resume=resume)
-        if state_dir is not None:
-            self._refuse_unrecorded_scalars("a state_dir")
         policy = CommitPolicy.parse(commit_every)
         self._building = True
         super().__init__(params, algorithm.defaults(hyper))
@@ -512,28 +511,15 @@ class TieredOptimizer(torch.optim.Optimizer):
 
     # -- the access protocol for adapters (tierstore._runtime.access) ----------
     def param_steps(self) -> list[float | None]:
-        """Each parameter's step count, in layout order (``None`` before its first).
-
-        Raises
-        ------
-        ConfigError
-            For an algorithm with per-parameter scalars besides ``step`` (NAdam's
-            ``mu_product``), which the adapters that save step counts (checkpoints,
-            DCP) would drop.
-        """
-        self._refuse_unrecorded_scalars("checkpoints and DCP")
+        """Each parameter's step count, in layout order (``None`` before its first)."""
         return param_steps(self.state, self._params)
 
-    def _refuse_unrecorded_scalars(self, what: str) -> None:
-        """Refuse ``what`` (a store that records only step counts) for an algorithm with other per-parameter scalars."""
-        scalars = self.algorithm.scalar_inits
-        if scalars:
-            names = " and ".join(scalars)
-            raise ConfigError(
-                f"{type(self).__name__} keeps a per-parameter {names} beside each step count, and {what} record "
-                f"step counts only: they would lose it. Keep the state in RAM or a private temporary directory "
-                f"(state_dir=None) and save it with state_dict() (torch.save), which carries {names}"
-            )
+    def param_scalars(self) -> dict[str, list[float | None]] | None:
+        """Each parameter's scalars besides its step, in layout order, as adapters record them beside
+        :meth:`param_steps`: ``{name: [value or None per parameter]}`` (NAdam: ``mu_product``);
+        ``None`` for an algorithm that keeps none (AdamW). See :mod:`tierstore._layout.scalar_record`."""
+        inits = self.algorithm.scalar_inits
+        return record_of(inits, self.param_steps(), param_scalars(self.state, self._params, inits))
 
     def _snapshot(self, group: dict[str, Any]) -> Any:
         """``group``'s hyperparameters for this step (:meth:`~tierstore._compute.algorithms.base.Algorithm.snapshot`).
@@ -577,22 +563,27 @@ class TieredOptimizer(torch.optim.Optimizer):
         masters_given: set[int] | None = None,
         step_count: int | None = None,
         stored: bool = False,
+        param_scalars: dict[str, list[float | None]] | None = None,
     ) -> None:
         """Overwrite the whole state, shard by shard, and commit it (see :mod:`tierstore._runtime.access`).
 
         ``fill(shard, flat)`` sets every fp32 element of ``flat`` (with
         ``stored=True``: every stored byte of the extent). Masters of
         parameters not in ``masters_given`` are seeded from the parameters;
-        ``param_steps``, ``groups`` and ``step_count`` replace the bookkeeping.
+        ``param_steps``, ``groups`` and ``step_count`` replace the bookkeeping,
+        and ``param_scalars`` (as :meth:`param_scalars` gives them) the scalars
+        besides the step of an algorithm that keeps some.
 
         Raises
         ------
         ConfigError
-            For an algorithm with per-parameter scalars besides ``step``, which ``param_steps`` cannot give.
+            For an algorithm with per-parameter scalars besides ``step`` (NAdam's ``mu_product``)
+            when ``param_scalars`` lacks a finite value for a parameter given a step. Nothing is replaced then.
         """
-        self._refuse_unrecorded_scalars("checkpoints and DCP")
+        scalars = given_scalars(param_scalars, self.algorithm.scalar_inits, list(param_steps), len(self._params),
+                                type(self).__name__)  # fmt: skip
         self._replace(fill, param_steps=param_steps, groups=groups, masters_given=masters_given,
-                      step_count=step_count, stored=stored)  # fmt: skip
+                      step_count=step_count, stored=stored, param_scalars=scalars or None)  # fmt: skip
 
     def _replace(
         self,

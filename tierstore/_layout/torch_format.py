@@ -309,14 +309,14 @@ def empty_state_dict(
     ------
     ConfigError
         If the algorithm keeps per-parameter scalars and ``scalars`` is not given
-        (a state directory or checkpoint records step counts only).
+        (a state directory or checkpoint gives what it recorded:
+        :func:`~tierstore._layout.scalar_record.tensors_of`).
     """
     algorithm = layout.algorithm
     if algorithm.scalar_inits and scalars is None:
         raise ConfigError(
             f"{algorithm.front}'s state keeps a per-parameter {' and '.join(algorithm.scalar_inits)} that this source "
-            "does not record (state directories and checkpoints record step counts only); save the optimizer's "
-            "state_dict() instead"
+            "does not give: pass scalars= (each parameter's, as the state directory or checkpoint recorded them)"
         )
     state: dict[int, dict[str, Tensor]] = {}
     flats: dict[int, dict[str, Tensor]] = {}

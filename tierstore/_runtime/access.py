@@ -22,7 +22,8 @@ form). ``TieredAdamW`` implements it.
   shard; ``fill`` must set every element (``flat`` arrives with stale
   bytes), and in a compressed format the values are then encoded (with
   ``stored=True``, ``fill`` gets the extent and sets every stored byte).
-  Then step counts, param-group hyperparameters and ``step_count`` are
+  Then step counts (and the scalars besides them, ``param_scalars``: NAdam's
+  ``mu_product``), param-group hyperparameters and ``step_count`` are
   replaced, master copies are seeded from the parameters (or the parameters
   take the loaded master values), and the result is committed as one step.
   A failure part-way leaves the optimizer refusing use; the committed state
@@ -74,7 +75,12 @@ class ShardAccess(Protocol):
         """The param groups, as ``torch.optim.Optimizer`` has them."""
 
     def param_steps(self) -> list[float | None]:
-        """Each parameter's AdamW step in layout order (``None`` before its first)."""
+        """Each parameter's step count in layout order (``None`` before its first)."""
+
+    def param_scalars(self) -> dict[str, list[float | None]] | None:
+        """Each parameter's scalars besides its step, ``{name: [value or None per parameter]}`` in layout
+        order (NAdam's ``mu_product``; :mod:`tierstore._layout.scalar_record`), ``None`` where the
+        algorithm keeps none. An adapter records them beside :meth:`param_steps`."""
 
     def check_usable(self) -> None:
         """Raise ``ClosedError``/``StepFailedError`` if the state cannot be read or replaced."""
@@ -94,5 +100,7 @@ class ShardAccess(Protocol):
         masters_given: set[int] | None = None,
         step_count: int | None = None,
         stored: bool = False,
+        param_scalars: dict[str, list[float | None]] | None = None,
     ) -> None:
-        """Overwrite the whole state shard by shard, then its steps and groups, and commit it."""
+        """Overwrite the whole state shard by shard, then its steps (and ``param_scalars``, as
+        :meth:`param_scalars` gives them: needed where the algorithm keeps some) and groups, and commit it."""

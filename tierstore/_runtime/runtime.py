@@ -46,8 +46,9 @@ from .._compute.hyper import GroupHyper
 from .._config.knobs import Knobs
 from .._layout.budget import TierPlan
 from .._layout.layout import Layout, ShardSpec
+from .._layout.scalar_record import record_of
 from .._layout.spec import StateSpec
-from .._layout.torch_format import param_steps, reset_param_steps, restore_groups
+from .._layout.torch_format import param_scalars, param_steps, reset_param_steps, restore_groups
 from .._platform import distributed, torch_private
 from .._platform.workers import own_threads
 from .._state.journal import Journal, Progress
@@ -113,6 +114,9 @@ class Runtime:
         The optimizer's ``state`` dict, ``param_groups`` list and parameters
         (the same objects the optimizer holds), for the step bookkeeping a
         commit records.
+    scalar_inits
+        The algorithm's per-parameter scalars besides ``step`` (NAdam's
+        ``mu_product``), which a commit records beside the steps.
     """
 
     def __init__(
@@ -124,6 +128,7 @@ class Runtime:
         state: dict[Tensor, dict[str, Any]],
         param_groups: list[dict[str, Any]],
         params: Sequence[Tensor],
+        scalar_inits: Mapping[str, float] | None = None,
     ) -> None:
         self.journal = journal
         self.store = store
@@ -144,6 +149,7 @@ class Runtime:
         self._state = state
         self._param_groups = param_groups
         self._params = params
+        self._scalar_inits = dict(scalar_inits or {})
 
     def owner(self) -> object:
         """A token to keep in the optimizer: when the last holder is gone, :meth:`close` runs.
@@ -161,13 +167,17 @@ class Runtime:
     def progress(self, update: ShardUpdate | None = None) -> Progress:
         """A snapshot of the step bookkeeping a commit records; with ``update``: as it will be after that step."""
         steps = param_steps(self._state, self._params)
+        inits = self._scalar_inits
+        scalars = param_scalars(self._state, self._params, inits) if inits else []
         count = self.step_count
         if update is not None:
             for i, a in update.active.items():
                 if a.advances:
                     steps[i] = float(a.step)
+                if inits:
+                    scalars[i] = a.advanced  # what publish_steps makes them once the step succeeded
             count += 1
-        return Progress.capture(count, steps, self._param_groups)
+        return Progress.capture(count, steps, self._param_groups, record_of(inits, steps, scalars))
 
     def steps_taken(self) -> int:
         """Steps that succeeded, plus the one running behind the loop (it counts until it fails)."""

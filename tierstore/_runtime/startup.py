@@ -40,6 +40,7 @@ from .._compute.formats import MomentFormat
 from .._config.knobs import Knobs
 from .._layout.budget import TierPlan, plan_tiers
 from .._layout.layout import Layout, ShardSpec
+from .._layout.scalar_record import RECORD_KEY, tensors_of
 from .._layout.spec import StateSpec, decide_for
 from .._layout.torch_format import step_tensor
 from .._platform.dtensor import local_tensor
@@ -120,7 +121,8 @@ def start(
         )
         journal.bind(store, layout, plan.ram_budget)  # bytes, a share resolved
         pipeline = ShardPipeline(store, prefetch_depth=knobs.prefetch_depth)
-        runtime = Runtime(journal, store, pipeline, state=state, param_groups=param_groups, params=params)
+        runtime = Runtime(journal, store, pipeline, state=state, param_groups=param_groups, params=params,
+                          scalar_inits=algorithm.scalar_inits)  # fmt: skip
         if journal.saved is None:
             if algorithm.eager:  # before the first commit, which records the counts
                 for p, meta in zip(params, layout.params):
@@ -274,9 +276,12 @@ def _resume(
     runtime.step_count = int(saved["step_count"])
     for group, stored in zip(param_groups, saved["param_groups"]):
         group.update(decode_group(stored, layout.algorithm))
-    for p, step in zip(params, saved["param_steps"]):
+    # Each parameter's scalars besides its step (NAdam's mu_product): recorded beside the steps, never recomputed.
+    scalars = tensors_of(saved.get(RECORD_KEY), len(params))
+    for p, step, values in zip(params, saved["param_steps"], scalars):
         if step is not None:
             state[p]["step"] = step_tensor(step)
+            state[p].update(values)
     if restore_params:
         restore = master_sync(layout, params, to_params=lambda i: True)
         runtime.pipeline.run(range(len(layout.shards)), restore, write=False)

@@ -61,6 +61,7 @@ from torch import Tensor
 
 from .._compute import codecs, formats, fused_update
 from .._layout.layout import Layout, ShardSpec, round_up, update_chunk_numel
+from .._layout.scalar_record import scalar_tensor
 from .._layout.torch_format import step_tensor
 from .._platform.dtensor import local_tensor
 from .._platform.faults import crash_point
@@ -190,9 +191,7 @@ def _scalar(value: Any, init: float) -> Tensor:
     """A per-parameter scalar as the update reads it: the state's 0-d tensor, else ``init`` as torch creates it."""
     if isinstance(value, Tensor):
         return value
-    # torch.optim's _get_scalar_dtype(): float64 only where that is the default dtype
-    dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-    return torch.tensor(float(init) if value is None else float(value), dtype=dtype)
+    return scalar_tensor(init if value is None else value)  # the dtype torch creates it in
 
 
 def _publish_scalars(entry: dict[str, Any], values: Mapping[str, Tensor]) -> None:

@@ -79,11 +79,23 @@ class Progress:
     step_count: int
     param_steps: tuple[float | None, ...]
     groups: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    # Each parameter's scalars besides its step (tierstore._layout.scalar_record), as floats; None for an
+    # algorithm without such scalars (its manifests have no such key).
+    param_scalars: dict[str, tuple[float | None, ...]] | None = None
 
     @classmethod
-    def capture(cls, step_count: int, param_steps: Sequence[float | None], groups: Sequence[dict[str, Any]]) -> Progress:
-        """A snapshot: copies of the steps and of the groups' hyperparameters (encoded when a manifest is written)."""
-        return cls(int(step_count), tuple(param_steps), tuple({k: _frozen(v) for k, v in g.items() if k != "params"} for g in groups))
+    def capture(
+        cls,
+        step_count: int,
+        param_steps: Sequence[float | None],
+        groups: Sequence[dict[str, Any]],
+        param_scalars: dict[str, Sequence[float | None]] | None = None,
+    ) -> Progress:
+        """A snapshot: copies of the steps, of the scalars' record and of the groups' hyperparameters
+        (encoded when a manifest is written)."""
+        scalars = None if param_scalars is None else {k: tuple(v) for k, v in param_scalars.items()}
+        return cls(int(step_count), tuple(param_steps), tuple({k: _frozen(v) for k, v in g.items() if k != "params"} for g in groups),
+                   scalars)  # fmt: skip
 
 
 def _frozen(value: Any) -> Any:
@@ -471,6 +483,7 @@ class Journal:
             layout=self.layout,
             step_count=progress.step_count,
             param_steps=progress.param_steps,
+            param_scalars=progress.param_scalars,
             groups=progress.groups,
             shards=store.records(),
             durable=self.durable,

@@ -29,6 +29,7 @@ import torch
 
 from .._compute.algorithms import ADAMW, ALGORITHMS, FLAG_OR_NULL, NUMBER, PAIR, Algorithm
 from .._layout.layout import Layout
+from .._layout.scalar_record import RECORD_KEY, check_record
 from .._version import __version__
 from ..errors import (
     ConfigError,
@@ -131,6 +132,7 @@ def build(
     backend: str | None,
     ram_budget: int | None,
     previous: dict[str, Any] | None = None,
+    param_scalars: dict[str, list[float | None]] | None = None,
 ) -> dict[str, Any]:
     """The manifest's content for one commit.
 
@@ -138,10 +140,14 @@ def build(
     shard records are kept under ``"previous"`` so that a durable directory
     can also be rolled back one step (the other copy of every shard still
     holds it). Distributed resumes use that to meet at a common step.
+    ``param_scalars``: each parameter's scalars besides its step
+    (:mod:`tierstore._layout.scalar_record`), recorded only for an algorithm
+    that keeps some (NAdam's ``mu_product``): other manifests have no such key.
     """
     rollback = None
     if previous is not None and durable and previous.get("durable"):
         rollback = {k: previous[k] for k in ROLLBACK_KEYS if k in previous}
+    scalars = {} if param_scalars is None else {RECORD_KEY: {k: list(v) for k, v in param_scalars.items()}}
     return {
         "previous": rollback,
         "tierstore_version": __version__,
@@ -149,6 +155,7 @@ def build(
         "layout": layout.to_dict(),
         "step_count": step_count,
         "param_steps": list(param_steps),
+        **scalars,
         "param_groups": encode_groups(groups),
         "shards": shards,
         "durable": durable,
@@ -159,7 +166,7 @@ def build(
     }
 
 
-ROLLBACK_KEYS = ("step_count", "param_steps", "param_groups", "shards")
+ROLLBACK_KEYS = ("step_count", "param_steps", RECORD_KEY, "param_groups", "shards")
 
 
 def committed_steps(manifest: dict[str, Any]) -> list[int]:
@@ -193,7 +200,7 @@ def at_step(manifest: dict[str, Any], step: int | None, where: str) -> dict[str,
             "before). Resume at one of those"
         )
     rolled = dict(manifest)
-    rolled.update({k: previous[k] for k in ROLLBACK_KEYS})
+    rolled.update({k: previous[k] for k in ROLLBACK_KEYS if k in previous})  # param_scalars: only some algorithms
     rolled["shards"] = [{**rec, "stale_checksum": None} for rec in previous["shards"]]
     rolled["previous"] = None
     return rolled
@@ -350,6 +357,9 @@ def _commit(record: dict, prefix: str, layout: Layout, where: str) -> int:
     for i, value in enumerate(steps):
         if value is not None:
             _whole(value, f"{prefix}param_steps[{i}]", where, integral_float=True)
+    # Each parameter's scalars besides its step (NAdam's mu_product), exactly where the algorithm keeps them.
+    check_record(record.get(RECORD_KEY), layout.algorithm.scalar_inits, steps,
+                 lambda key, value, expected: _invalid(where, prefix + key, value, expected))  # fmt: skip
     groups = _list(_field(record, "param_groups", where, prefix), f"{prefix}param_groups", where)
     used = max((p.group for p in layout.params), default=-1) + 1
     if len(groups) < used:
@@ -379,7 +389,9 @@ def validate(manifest: dict[str, Any], where: str) -> Layout:
     and its fingerprint), step counts (whole numbers from 0 to 2**53: never
     negative, NaN, fractional, a bool or huge), every parameter's step, the
     param groups' hyperparameters (accepted only where ``torch.optim.AdamW``'s
-    constructor accepts them), one shard record per shard of the layout (copy
+    constructor accepts them), each parameter's scalars besides its step where
+    the algorithm keeps some (:func:`~tierstore._layout.scalar_record.check_record`:
+    finite, one per parameter, null exactly where its step is), one shard record per shard of the layout (copy
     0 or 1, checksums of 16 hex digits, ``written_step`` within the commit's
     steps), and the same for the previous commit kept for a rollback. Keys it
     does not know (a user's own param-group entries) are left as they are.

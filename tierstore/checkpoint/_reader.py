@@ -38,12 +38,13 @@ from zarr.core.buffer import default_buffer_prototype
 from .._compute import codecs, formats
 from .._compute.algorithms import ADAMW
 from .._layout.layout import ShardSpec
+from .._layout.scalar_record import RECORD_KEY
 from .._state import manifest as manifest_mod
 from .._storage.chunkfile import SCRATCH_NBYTES, ChunkFiles
 from .._storage.integrity import BlockDigests, shard_checksum
 from ..errors import CorruptStateError, FormatVersionError
 from ._files import file_kind
-from ._validate import check_header, check_param_index, same_json, scan_checkpoint
+from ._validate import check_header, check_param_index, check_scalars, same_json, scan_checkpoint
 from ._zarr_format import (
     ALGORITHM_VERSION,
     CHECKSUMS,
@@ -67,7 +68,8 @@ class CheckpointReader:
     be a regular file or a directory (a symlink, FIFO or device is refused
     before zarr opens anything), metadata files are bounded in size, the
     attributes must describe the layout they carry (its optimizer algorithm,
-    parameter index, arrays, formats and their block sizes, step counts,
+    parameter index, arrays, formats and their block sizes, step counts and the
+    scalars recorded beside them,
     hyperparameters the algorithm's torch class accepts), and every chunk
     file must be there with its size.
     """
@@ -106,6 +108,7 @@ class CheckpointReader:
             param_groups=attrs.get("param_groups"),
         )
         self.step_count, self.param_steps, self.param_groups = header
+        self.param_scalars = check_scalars(f"checkpoint {self.path}", self.layout, attrs.get(RECORD_KEY), self.param_steps)
         self.params: list[dict] = check_param_index(attrs, self.layout, str(self.path))
         names = self._check_arrays_attribute(attrs, version)
         self.format = self.layout.format

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from .._layout.layout import Layout, ShardSpec
+from .._layout.scalar_record import RECORD_KEY
 from .._layout.torch_format import require_option_fields
 from .._runtime.access import ShardAccess
 from .._state import manifest as manifest_mod
@@ -94,6 +95,7 @@ def save_checkpoint(opt: ShardAccess, path: str | os.PathLike, *, overwrite: boo
         param_groups=manifest_mod.encode_groups(opt.param_groups),
         param_steps=opt.param_steps(),
         source="optimizer",
+        param_scalars=opt.param_scalars(),  # NAdam's mu_product beside each step; None for most algorithms
     )
     with CheckpointWriter(path, header, overwrite=overwrite, checksum=checksum) as writer:
 
@@ -158,6 +160,7 @@ def export_statedir(
             param_groups=list(reader.manifest["param_groups"]),  # checked, still encoded as saved
             param_steps=param_steps,
             source="state_dir",
+            param_scalars=reader.manifest.get(RECORD_KEY),  # checked with the manifest (manifest.validate)
         )
         with CheckpointWriter(path, header, overwrite=overwrite, checksum=checksum) as writer:
             for shard, extent in reader.iter_extents():
@@ -212,7 +215,8 @@ def _check_same_model(ck: CheckpointReader, mine: Layout, n_groups: int) -> None
 def load_checkpoint(opt: ShardAccess, path: str | os.PathLike) -> None:
     """Stream a checkpoint back into an optimizer's state and commit it.
 
-    Restores every moment, step count, the param groups' hyperparameters,
+    Restores every moment, step count (and the scalars an algorithm keeps
+    beside it: NAdam's ``mu_product``), the param groups' hyperparameters,
     ``opt.step_count`` and (when both have one) the fp32 master copy, which
     is then written into the parameters. The checkpoint may have been
     written with another ``shard_numel``, RAM budget or backend; it must
@@ -310,5 +314,6 @@ def load_checkpoint(opt: ShardAccess, path: str | os.PathLike) -> None:
         masters_given=masters,
         step_count=ck.step_count,
         stored=copy_stored,
+        param_scalars=ck.param_scalars,
     )
     log.info("loaded checkpoint %s (step %d)", ck.path, ck.step_count)

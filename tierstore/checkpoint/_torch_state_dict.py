@@ -33,6 +33,7 @@ import torch
 from .._compute.algorithms import Algorithm, algorithm_named
 from .._compute.algorithms.identify import check_loaded_group, foreign_state, state_owners
 from .._layout.layout import DEFAULT_SHARD_NUMEL, MASTER_KEY, Layout, state_fields
+from .._layout.scalar_record import RECORD_KEY, record_of, tensors_of, within_float32
 from .._layout.torch_format import empty_state_dict, flat_sources, positions
 from .._state import manifest as manifest_mod
 from ..errors import ConfigError
@@ -71,7 +72,8 @@ def checkpoint_to_state_dict(path: str | os.PathLike) -> dict[str, Any]:
     """
     ck = CheckpointReader(path)
     layout = ck.layout
-    result, flats = empty_state_dict(layout, ck.param_steps, ck.param_groups, has_master=ck.has_master)
+    scalars = tensors_of(ck.param_scalars, len(layout.params))  # NAdam's mu_product: what the checkpoint recorded
+    result, flats = empty_state_dict(layout, ck.param_steps, ck.param_groups, has_master=ck.has_master, scalars=scalars)
     scratch = torch.empty(len(layout.fields) * layout.shard_numel, dtype=torch.float32)
     for index in layout.shards_of(flats):
         shard = layout.shards[index]
@@ -104,7 +106,8 @@ def statedir_to_state_dict(state_dir: str | os.PathLike) -> dict[str, Any]:
         require_clean(reader)
         layout = reader.layout
         _, param_steps, param_groups = check_manifest_header(reader)
-        result, flats = empty_state_dict(layout, param_steps, param_groups)
+        scalars = tensors_of(reader.manifest.get(RECORD_KEY), len(layout.params))  # checked with the manifest
+        result, flats = empty_state_dict(layout, param_steps, param_groups, scalars=scalars)
         for index in layout.shards_of(flats):
             layout.copy_out(layout.shards[index], reader.read_shard(index), flats)
     return result
@@ -229,6 +232,7 @@ def state_dict_to_checkpoint(
         param_groups=manifest_mod.encode_groups(state_dict["param_groups"]),
         param_steps=steps,
         source="torch",
+        param_scalars=record_of(algorithm.scalar_inits, steps, [algorithm.loaded_scalars(e) for e in entries]),
         known_shapes=known,
         has_master=has_master,
     )
@@ -253,7 +257,7 @@ def _check_torch_entry(i: int, entry: Any, algorithm: Algorithm, group: Mapping[
     """Refuse a torch state entry that is not complete, or another algorithm's: a missing field is never written as zeros.
 
     As in torch, a parameter's entry has the algorithm's scalars (AdamW:
-    ``step``) and the fields it always keeps (``exp_avg``, ``exp_avg_sq``),
+    ``step``; NAdam also ``mu_product``, a finite number) and the fields it always keeps (``exp_avg``, ``exp_avg_sq``),
     and the fields of the options its group uses (``max_exp_avg_sq`` with
     amsgrad; torch's AdamW fails at its next step without it); every tensor
     has the same number of elements.
@@ -272,7 +276,7 @@ def _check_torch_entry(i: int, entry: Any, algorithm: Algorithm, group: Mapping[
         names = " or ".join(repr(a.name) for a in owners)
         raise ConfigError(foreign_state(owners, algorithm, f"the state of parameter {i} ({sorted(map(str, entry))})",
                                         fix=f"pass algorithm={names} to convert it"))  # fmt: skip
-    scalars = [k for k in algorithm.state_scalars if k == "step"]
+    scalars = [k for k in algorithm.state_scalars if k == "step" or k in algorithm.scalar_inits]
     optional = [f.name for f in algorithm.fields if f.option is not None and not f.lazy and algorithm.uses(group, f.option)]
     required = scalars + list(algorithm.required_fields()) + optional
     missing = [k for k in required if k not in entry]
@@ -292,6 +296,17 @@ def _check_torch_entry(i: int, entry: Any, algorithm: Algorithm, group: Mapping[
         if isinstance(step, bool) or not (math.isfinite(value) and 0 <= value <= MAX_STEP and value.is_integer()):
             raise ConfigError(
                 f"the step of parameter {i} is {step!r}; a step is a whole number >= 0 (as {algorithm.torch_class} counts)"
+            )
+    for name in algorithm.scalar_inits:  # NAdam's mu_product: recorded as a number, read back checked as one
+        value = entry[name]
+        try:
+            number = float(value) if isinstance(value, torch.Tensor) else value
+        except (TypeError, ValueError, RuntimeError):
+            number = None
+        if not within_float32(number):
+            raise ConfigError(
+                f"the {name} of parameter {i} is {value!r}; it must be a finite number within float32's range "
+                f"(a number or a one-element tensor, as {algorithm.torch_class} keeps it)"
             )
     first = None
     for key in (*algorithm.field_names, MASTER_KEY):

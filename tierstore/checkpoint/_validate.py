@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from .._layout.layout import MAX_PARAMS, Layout
+from .._layout.scalar_record import check_record
 from .._state import manifest as manifest_mod
 from ..errors import ConfigError, CorruptStateError
 from ._files import file_kind
 from ._zarr_format import MAX_METADATA_NBYTES
 
-__all__ = ["MAX_STEP", "scan_checkpoint", "same_json", "check_header", "check_param_index"]
+__all__ = ["MAX_STEP", "scan_checkpoint", "same_json", "check_header", "check_scalars", "check_param_index"]
 
 MAX_STEP = 1 << 53  # the largest step count read back (every whole number up to it is a float)
 
@@ -165,6 +166,33 @@ def check_header(
                 raise CorruptStateError(f"{at} uses {spec.option} but the state has no {spec.name} ({fix})")
         groups.append(decoded)
     return step_count, steps, groups
+
+
+def check_scalars(where: str, layout: Layout, value: Any, steps: list[float | None]) -> dict[str, list[float | None]] | None:
+    """The record of each parameter's scalars besides its step saved beside a layout (``None``: its algorithm
+    keeps none), checked against the layout's algorithm and the checked ``steps``
+    (:func:`~tierstore._layout.scalar_record.check_record`).
+
+    Raises
+    ------
+    CorruptStateError
+        Naming ``where``, the key, the value and what was expected.
+
+    Example
+    -------
+    >>> import torch
+    >>> from tierstore._compute.algorithms import algorithm_named
+    >>> w = torch.zeros(3, requires_grad=True)
+    >>> layout = Layout.build([[w]], shard_numel=1024, fields=("exp_avg", "exp_avg_sq"), algorithm=algorithm_named("nadam"))
+    >>> check_scalars("checkpoint /ck", layout, {"mu_product": [0.5]}, [1.0])
+    {'mu_product': [0.5]}
+    """
+    fix = "the state is damaged or was not written by tierstore; restore it from a good copy, or write it again"
+
+    def invalid(key: str, found: Any, expected: str) -> CorruptStateError:
+        return CorruptStateError(f"{where} has {key}={manifest_mod.short_repr(found)}; it must be {expected} ({fix})")
+
+    return check_record(value, layout.algorithm.scalar_inits, steps, invalid)
 
 
 def check_param_index(attrs: dict[str, Any], layout: Layout, where: str) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ from zarr.codecs import Crc32cCodec
 from .._compute import formats
 from .._compute.algorithms import ADAMW
 from .._layout.layout import Layout
+from .._layout.scalar_record import RECORD_KEY
 from .._version import __version__
 from ._files import read_regular
 
@@ -71,6 +72,9 @@ class CheckpointHeader:
     source: str  # "optimizer", "state_dir" or "torch"
     known_shapes: list[bool] | None = None  # torch-made checkpoints: shapes of stateless params are unknown
     has_master: list[bool] | None = None  # torch-made checkpoints: which params came with a master
+    # Each parameter's scalars besides its step (tierstore._layout.scalar_record: NAdam's mu_product); None, and
+    # no attribute, for an algorithm without such scalars (AdamW's checkpoints keep their bytes).
+    param_scalars: dict[str, list[float | None]] | None = None
 
     def attributes(self, checksum: str | None) -> dict[str, Any]:
         layout = self.layout
@@ -89,6 +93,7 @@ class CheckpointHeader:
                 entry["has_master"] = p.trainable and (self.has_master is None or self.has_master[p.index])
             index.append(entry)
         fmt = layout.format
+        scalars = {} if self.param_scalars is None else {RECORD_KEY: {k: list(v) for k, v in self.param_scalars.items()}}
         extra = {}
         if layout.encoded:
             extra = {
@@ -113,6 +118,7 @@ class CheckpointHeader:
             "step_count": int(self.step_count),
             "param_groups": self.param_groups,
             "param_steps": [None if s is None else float(s) for s in self.param_steps],
+            **scalars,
             "params": index,
         }
 

@@ -29,9 +29,12 @@ from .._storage.dcp_memory import BLOCK_NBYTES, BlockRing, StagingFile
 from ._parts import Part
 from ._staging import Staged
 
-__all__ = ["UNSET", "Stats", "Placeholder", "StepCount", "StateTensor", "Session"]
+__all__ = ["UNSET", "UNSET_SCALAR", "Stats", "Placeholder", "StepCount", "StateTensor", "Session"]
 
 UNSET = -1.0  # a step slot DCP did not fill: the checkpoint has no state for the parameter
+# A slot of another per-parameter scalar (NAdam's mu_product) DCP did not fill: NaN, which no recorded
+# scalar is (tierstore._layout.scalar_record), since -1 may be one.
+UNSET_SCALAR = float("nan")
 
 
 @dataclass
@@ -99,26 +102,28 @@ class StepCount(Placeholder):
 
 
 class StateTensor(Placeholder):
-    """One field (or the step) of one parameter's state, with the parameter's global shape."""
+    """One field (or the step, or another per-parameter scalar such as NAdam's ``mu_product``) of one
+    parameter's state, with the parameter's global shape (a scalar's: ``()``)."""
 
     @staticmethod
     def __new__(cls, session: Session, part: Part, field: str) -> StateTensor:
-        shape = () if field == "step" else part.global_shape
+        shape = () if session.is_scalar(field) else part.global_shape
         return torch_private.make_wrapper_subclass(cls, shape, dtype=torch.float32, device="cpu")
 
     def __init__(self, session: Session, part: Part, field: str) -> None:
         self._session = session
         self._part = part
         self._field = field
+        self._scalar = session.is_scalar(field)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # noqa: ARG002
-        key = self._field if self._field == "step" else self._session.layout.state_key(self._field)
+        key = self._field if self._scalar else self._session.layout.state_key(self._field)
         return f"TieredState({self._part.fqn}.{key}, shape={tuple(self.shape)})"
 
     def _order(self, index: MetadataIndex) -> tuple[int, int]:
         """Where the block ``index`` names starts in the layout, then the field: shard order."""
         part = self._part
-        if self._field == "step":
+        if self._scalar:
             return part.start, -1
         block = self._session._block_of[(part.index, torch.Size(index.offset or ()))]
         return part.start + block.lo, self._session.layout.field_index(self._field)
@@ -129,7 +134,7 @@ class StateTensor(Placeholder):
         session.begin("save")
         if session.step_of(self._part) is None:
             return []  # no step taken yet: torch's optimizer has no state for it either
-        boxes = [(torch.Size([]), torch.Size([]))] if self._field == "step" else [
+        boxes = [(torch.Size([]), torch.Size([]))] if self._scalar else [
             self._part.box(block) for block in self._part.blocks
         ]
         return [self._item(fqn, offsets, sizes) for offsets, sizes in boxes]
@@ -137,7 +142,7 @@ class StateTensor(Placeholder):
     def __create_chunk_list__(self) -> list[ChunkStorageMetadata]:
         self._session.begin("load")
         part = self._part
-        if self._field == "step":
+        if self._scalar:
             return [ChunkStorageMetadata(offsets=torch.Size([]), sizes=torch.Size([]))]
         return [ChunkStorageMetadata(offsets=torch.Size(part.offset), sizes=torch.Size(part.shape))]
 
@@ -146,9 +151,13 @@ class StateTensor(Placeholder):
         if session.mode == "save":
             if self._field == "step":
                 return session.step_of(part).clone()
+            if self._scalar:
+                return session.scalar_of(part, self._field)
             return session.block(part, self._field, tuple(index.offset or ()))
         if self._field == "step":
             return session.loaded_steps.setdefault(part.index, torch.tensor(UNSET))
+        if self._scalar:
+            return session.loaded_scalars.setdefault((part.index, self._field), torch.tensor(UNSET_SCALAR))
         return session.staged(part, self._field)
 
 
@@ -167,17 +176,35 @@ class Session:
         self._staging: StagingFile | None = None
         self.loaded: set[tuple[int, str]] = set()
         self.loaded_steps: dict[int, torch.Tensor] = {}
+        # (parameter, name) -> a loaded scalar besides the step (NAdam's mu_product), as DCP filled it
+        self.loaded_scalars: dict[tuple[int, str], torch.Tensor] = {}
         self.loaded_step_count = torch.tensor(-1, dtype=torch.int64)
         self.stats = Stats()
         self._steps: list[float | None] | None = None
+        self._scalars: dict[str, list[float | None]] | None = None
         self._lock = threading.Lock()  # DCP writers and readers may resolve from several threads
+
+    def _read_steps(self) -> list[float | None]:
+        """The steps and the scalars beside them, read together once per save."""
+        if self._steps is None:
+            self._scalars = self.opt.param_scalars() or {}
+            self._steps = self.opt.param_steps()
+        return self._steps
 
     def step_of(self, part: Part) -> torch.Tensor | None:
         """The parameter's step count, ``None`` before its first (read once per save)."""
-        if self._steps is None:
-            self._steps = self.opt.param_steps()
-        step = self._steps[part.index]
+        step = self._read_steps()[part.index]
         return None if step is None else step_tensor(step)
+
+    def is_scalar(self, field: str) -> bool:
+        """Whether ``field`` is a per-parameter scalar of the state (``step``, NAdam's ``mu_product``), not a field."""
+        return field == "step" or field in self.layout.algorithm.scalar_inits
+
+    def scalar_of(self, part: Part, name: str) -> torch.Tensor:
+        """The parameter's scalar ``name`` besides its step (recorded once per save, with the steps)."""
+        self._read_steps()
+        assert self._scalars is not None  # read with the steps
+        return torch.tensor(self._scalars[name][part.index], dtype=torch.float32)
 
     def begin(self, mode: str) -> None:
         if self.mode not in (None, mode):

@@ -2,10 +2,12 @@
 
 The state dict is in the FQN layout of the optimizer's torch class (its
 algorithm's: ``torch.optim.AdamW`` for a ``TieredAdamW``, ``torch.optim.SGD``
-for a ``TieredSGD``): ``step`` where the algorithm keeps one, each field a
-group uses. The state of an algorithm other than AdamW also records the
-algorithm's name (:data:`ALGORITHM_KEY`; AdamW checkpoints keep their keys),
-so loading it into an optimizer of another algorithm is refused, naming both.
+for a ``TieredSGD``): ``step`` where the algorithm keeps one, the other
+per-parameter scalars it keeps (``mu_product`` for a ``TieredNAdam``, a 0-d
+tensor as torch keeps it), each field a group uses. The state of an
+algorithm other than AdamW also records the algorithm's name
+(:data:`ALGORITHM_KEY`; AdamW checkpoints keep their keys), so loading it
+into an optimizer of another algorithm is refused, naming both.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import copy
 import logging
 import math
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -21,6 +24,7 @@ import torch
 from .._compute.algorithms import ADAMW
 from .._compute.algorithms.identify import foreign_state, state_owners
 from .._layout.layout import MASTER, ShardSpec
+from .._layout.scalar_record import within_float32
 from .._layout.torch_format import require_option_fields
 from .._platform.dtensor import local_tensor
 from .._runtime.access import ShardAccess
@@ -45,12 +49,6 @@ def _local_optimizer(optimizer: Any) -> ShardAccess:
             f"TieredStateful needs a tiered optimizer such as TieredAdamW (or a ZeroRedundancyOptimizer built with "
             f"optimizer_class=TieredAdamW), got {type(optimizer).__name__}"
         )
-    scalars = getattr(local.layout.algorithm, "scalar_inits", {})
-    if scalars:
-        raise ConfigError(
-            f"{local.layout.algorithm.front}'s state keeps a per-parameter {' and '.join(scalars)} that TieredStateful "
-            "does not record (it saves step counts and fields); checkpoint it with torch.save(optimizer.state_dict())"
-        )
     return local
 
 
@@ -73,9 +71,8 @@ class TieredStateful:
     Raises
     ------
     ConfigError
-        If ``optimizer`` is not a tiered optimizer (or ZeRO over one), its
-        algorithm keeps per-parameter scalars DCP does not record (NAdam's
-        ``mu_product``), or ``model`` does not hold its parameters.
+        If ``optimizer`` is not a tiered optimizer (or ZeRO over one), or
+        ``model`` does not hold its parameters.
 
     Example
     -------
@@ -138,7 +135,9 @@ class TieredStateful:
         state: dict[str, dict[str, Any]] = {}
         for part in session.parts:
             group = opt.param_groups[opt.layout.params[part.index].group]
-            state[part.fqn] = {"step": StateTensor(session, part, "step")} if "step" in algorithm.state_scalars else {}
+            # step where the algorithm keeps one, then its other per-parameter scalars, in torch's key order
+            scalars = [*(["step"] if "step" in algorithm.state_scalars else []), *algorithm.scalar_inits]
+            state[part.fqn] = {k: StateTensor(session, part, k) for k in scalars}
             state[part.fqn].update({opt.layout.state_key(f): StateTensor(session, part, f) for f in _used(opt, group)})
         groups = []
         for group in opt.param_groups:
@@ -158,7 +157,8 @@ class TieredStateful:
         Takes what ``dcp.load`` filled in (the placeholders of :meth:`state_dict`),
         or a dict of real tensors / DTensors in the same layout (such as
         ``get_optimizer_state_dict`` of a ``torch.optim.AdamW``). Restores
-        moments, steps, hyperparameters, ``step_count`` (the checkpoint's, or
+        moments, steps (and the scalars an algorithm keeps beside them: NAdam's
+        ``mu_product``), hyperparameters, ``step_count`` (the checkpoint's, or
         the largest parameter step when it has none) and, when both sides
         keep one, the fp32 master copy, which is then written into the
         parameters. A parameter with a step must come with the fields its
@@ -232,6 +232,7 @@ class TieredStateful:
                     f"the loaded state of {part.fqn} has a step but no {missing}; a missing moment is never "
                     "loaded as zeros. Load a complete checkpoint (every parameter with a step has its moments)"
                 )
+        scalars = _loaded_scalars(state, session, algorithm.scalar_inits, steps)
         by_param: dict[int, dict[str, torch.Tensor]] = {}
         for (i, field), src in sources.items():
             by_param.setdefault(i, {})[field] = src
@@ -244,7 +245,8 @@ class TieredStateful:
         require_option_fields(groups, layout, "loaded")
         masters = {i for (i, field) in sources if field == "master"}
         try:
-            opt.replace_shards(fill, param_steps=steps, groups=groups, masters_given=masters, step_count=step_count)
+            opt.replace_shards(fill, param_steps=steps, groups=groups, masters_given=masters, step_count=step_count,
+                               **({"param_scalars": scalars} if scalars is not None else {}))  # fmt: skip
         finally:
             session.close()
         outer = self.optimizer
@@ -253,6 +255,39 @@ class TieredStateful:
                 mine.update({k: v for k, v in saved.items() if k in mine})
         log.info("loaded DCP state into %s at step %d", opt.state_dir or "RAM", step_count)
 
+
+
+def _loaded_scalars(
+    state: dict[str, Any], session: Session, inits: Mapping[str, float], steps: dict[int, float]
+) -> dict[str, list[float | None]] | None:
+    """The loaded per-parameter scalars besides the step (NAdam's ``mu_product``) of each part with a step,
+    as ``replace_shards`` takes them; ``None`` for an algorithm without such scalars.
+
+    Raises
+    ------
+    ConfigError
+        For a part with a step whose scalar is missing or not a finite number (never made up).
+    """
+    if not inits:
+        return None
+    record: dict[str, list[float | None]] = {name: [None] * len(session.layout.params) for name in inits}
+    for part in session.parts:
+        if part.index not in steps:
+            continue
+        for name in inits:
+            value = state.get(part.fqn, {}).get(name)
+            if isinstance(value, StateTensor):
+                value = value._session.loaded_scalars.get((part.index, name))
+            if isinstance(value, torch.Tensor):
+                value = local_tensor(value).detach()
+                value = float(value) if value.numel() == 1 else None
+            if not within_float32(value):
+                raise ConfigError(
+                    f"the loaded state of {part.fqn} has a step but no {name} that is a finite number (found "
+                    f"{value!r}); it is never made up. Load a complete checkpoint (every parameter with a step has its {name})"
+                )
+            record[name][part.index] = float(value)
+    return record
 
 
 def _used(opt: ShardAccess, group: dict[str, Any]) -> list[str]:

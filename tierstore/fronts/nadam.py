@@ -42,11 +42,10 @@ class TieredNAdam(TieredOptimizer):
 
     The state holds ``exp_avg`` and ``exp_avg_sq`` (``moment_dtype`` may
     compress both) and, per parameter, ``step`` and ``mu_product`` (the
-    product of the momentum schedule so far), which state dicts carry. Note:
-    state directories, checkpoints and DCP record step counts only, so a
-    ``state_dir`` is refused, as are ``save_checkpoint`` and DCP: keep the
-    state in RAM or a private temporary directory (``state_dir=None``) and
-    save it with ``state_dict()``.
+    product of the momentum schedule so far), which state dicts, state
+    directories, checkpoints and DCP carry beside each step count (it cannot
+    be recomputed from the count: ``betas`` and ``momentum_decay`` may change
+    between steps).
 
     Parameters
     ----------

@@ -92,8 +92,8 @@ class Algorithm:
     #: parameter's first step (NAdam: ``{"mu_product": 1.0}``). The engine keeps them in the parameter's
     #: ``optimizer.state`` entry as 0-d tensors, advances them once per parameter and step
     #: (:meth:`advance_scalars`), hands :meth:`update` their values as the step starts, and carries them
-    #: through torch state dicts. Note: state directories, checkpoints and DCP record step counts
-    #: only, so an optimizer whose algorithm has such scalars refuses them (it would drop the scalars).
+    #: through torch state dicts, state directories, checkpoints and DCP, each recorded beside the step
+    #: count (:mod:`tierstore._layout.scalar_record`): nothing recomputes them from it.
     scalar_inits: ClassVar[Mapping[str, float]] = {}
     #: Group keys of the torch class that the front does not use, with the values that describe what
     #: it does, so state dicts load into either optimizer.

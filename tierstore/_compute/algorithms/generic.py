@@ -28,7 +28,10 @@ What is kept where:
   the values before the step.
 
 Per-parameter scalars other than ``step`` (``mu_product``) are refused by the
-probe: tierstore persists per-element fields and one step count per parameter.
+probe: the engine advances such a scalar once per parameter and step
+(:meth:`~tierstore._compute.algorithms.base.Algorithm.advance_scalars`, how
+NAdam's is recorded and resumed), while the class updates its own copy inside
+its step, once per piece, with no description of how that could be done once.
 
 The name a layout records is ``"generic:<module>.<qualname>"``
 (:data:`~tierstore._compute.algorithms.in_use.GENERIC_PREFIX`). It is not

@@ -6,18 +6,12 @@ moment formats may store both for the same reasons. Each parameter keeps a
 ``mu_t = beta1 * (1 - 0.5 * 0.96 ** (t * momentum_decay))``: a per-parameter
 scalar (:attr:`~tierstore._compute.algorithms.base.Algorithm.scalar_inits`) that
 the engine advances once per parameter and step, as torch does (a float32
-tensor multiplied by ``mu_t``), and that torch state dicts carry. Note:
-state directories, checkpoints and DCP record step counts only, so
-``TieredNAdam`` refuses them (it would lose ``mu_product``). What recording
-it would take: a per-parameter list beside ``param_steps`` in the manifest
-(``_state/manifest.py``'s ``build`` and its validation, ``journal.Progress``,
-``Runtime.progress``, ``startup._resume``), in a checkpoint's header
-(``checkpoint/_zarr_format.py``, ``_streaming.py``'s save and load,
-``_validate.py``, ``_torch_state_dict.py``) and in DCP's state
-(``dcp/_session.py``, ``_stateful.py``), and the access protocol's
-``param_steps``/``replace_shards`` carrying it; ``mu_product`` cannot be
-recomputed from the step count, since ``beta1`` and ``momentum_decay`` may
-change between steps.
+tensor multiplied by ``mu_t``), and that torch state dicts carry. State
+directories, checkpoints and DCP record it beside each step count
+(:mod:`tierstore._layout.scalar_record`: a manifest's and a checkpoint
+header's ``param_scalars``, DCP's ``mu_product`` entries, the access
+protocol's ``param_scalars``), since it cannot be recomputed from the step
+count: ``beta1`` and ``momentum_decay`` may change between steps.
 
 Example
 -------
