@@ -168,15 +168,23 @@ def disk_case(case: Case, numel: int, folder: Path, args: argparse.Namespace) ->
                 self.last = min(f.step()["seconds"] for f in floors)
 
         fastest = _Floor()
-        steps = {"tiered": [], "floor": []}
+        steps: dict[str, list[float]] = {"tiered": [], "floor": []}
+        split: dict[str, list[float]] = {"update_s": [], "read_wait_s": [], "write_wait_s": []}
         for r in range(args.warmup + args.rounds):
             order = [("tiered", tiered), ("floor", fastest)]
             for name, contender in order if r % 2 == 0 else order[::-1]:
                 seconds = _timed(contender) if name == "tiered" else (contender.step() or contender.last)
-                if r >= args.warmup:
-                    steps[name].append(seconds)
+                if r < args.warmup:
+                    continue
+                steps[name].append(seconds)
+                stats = tiered.last_step_stats if name == "tiered" else None
+                if stats is not None:  # where the step's time went: the update's CPU time, or waits for the drive
+                    split["update_s"].append(stats.update)
+                    split["read_wait_s"].append(stats.read_wait)
+                    split["write_wait_s"].append(stats.write_wait)
         ratios = [t / f for t, f in zip(steps["tiered"], steps["floor"])]
-        return {"state_disk_bytes": nbytes, "tiered_s": steps["tiered"], "floor_s": steps["floor"], "ratios": ratios}
+        return {"state_disk_bytes": nbytes, "tiered_s": steps["tiered"], "floor_s": steps["floor"], "ratios": ratios,
+                "update_threads": tiered._knobs.update_threads, **split}
     finally:
         tiered.close()
         for f in floors:
@@ -234,7 +242,13 @@ def main(argv: list[str]) -> int:
                 if "skipped" in got:
                     print(f"{case.name:9s} {phase:4s} skipped: {got['skipped']}")
                 elif "ratios" in got:
-                    print(f"{case.name:9s} {phase:4s} median ratio {statistics.median(got['ratios']):.3f}")
+                    where = ""
+                    if got.get("update_s"):
+                        where = (f" (step {statistics.median(got['tiered_s']):.3f} s: update "
+                                 f"{statistics.median(got['update_s']):.3f} s, read wait "
+                                 f"{statistics.median(got['read_wait_s']):.3f} s; floor "
+                                 f"{statistics.median(got['floor_s']):.3f} s)")
+                    print(f"{case.name:9s} {phase:4s} median ratio {statistics.median(got['ratios']):.3f}{where}")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(verdict.format_verdicts(verdicts))
