@@ -16,6 +16,9 @@
   state, an empty directory in a drive's place, drives swapped, the home
   given second, a member record crafted, a fresh state's directory that
   holds another state's manifest or files; each directory is locked;
+- no figures given, the probe places the shards: two directories on one
+  drive share its figure (half and half), and beside another drive weigh
+  as one directory there would;
 - a one-element list is a path: the same files and manifest, no member
   record, no ``"drives"`` key;
 - every drive has its own I/O queue; a commit syncs every drive before the
@@ -46,7 +49,7 @@ from tierstore import (
 )
 from tierstore._state.drive_record import MEMBER
 from tierstore._state.reader import StateReader
-from tierstore._storage.placement import place
+from tierstore._storage.placement import drive_bytes, place
 from tierstore.testing.drives import second_drive
 
 BW = "TIERSTORE_DRIVE_BANDWIDTHS"
@@ -185,6 +188,46 @@ def test_a_knobs_file_places_a_new_states_shards_by_its_drive_figures(dirs, tmp_
         sizes = [opt._layout.shard_nbytes(s) for s in opt._layout.shards]
     record = json.loads((dirs[0] / "manifest.json").read_text())["drives"]
     assert record["bandwidths"] == [1e9, 3e9] and record["placement"] == place(sizes, [1e9, 3e9])
+
+
+def test_two_directories_on_one_drive_are_placed_half_and_half_by_the_probe(tmp_path, monkeypatch):
+    # No figures given: the probe runs. Both directories are on tmp_path's drive: it is measured once and
+    # each directory gets half its figure, so the shards alternate (two probes would differ by noise).
+    monkeypatch.delenv(BW, raising=False)
+    pair = [tmp_path / "one", tmp_path / "two"]
+    params = _params(shapes=BIG)
+    with TieredAdamW(params, state_dir=[str(d) for d in pair], **KW) as opt:
+        sizes = [opt._layout.shard_nbytes(s) for s in opt._layout.shards]
+    record = json.loads((pair[0] / "manifest.json").read_text())["drives"]
+    first, second = record["bandwidths"]
+    assert first == second > 0, record["bandwidths"]
+    assert record["placement"] == place(sizes, [1.0, 1.0])
+    shares = drive_bytes(sizes, record["placement"], drives=2)
+    assert abs(shares[0] - shares[1]) <= max(sizes), shares
+
+
+def test_a_drive_with_two_directories_weighs_as_one_beside_another(dirs, fast, monkeypatch):
+    # dirs: the home and the third on the disk, the second on the fast drive. The probe measures each drive
+    # once (figures faked here: the disk 2 GB/s, the fast drive 3 GB/s); the disk's two directories split its 2.
+    from tierstore._storage import drive_speed
+
+    if os.stat(dirs[0].parent).st_dev == os.stat(fast.path).st_dev:
+        pytest.skip(f"the second drive is on the disk here: {fast.describe()}")
+    monkeypatch.delenv(BW, raising=False)
+    measured = []
+
+    def figures(directories, **kw):
+        measured.append([Path(d) for d in directories])
+        return [drive_speed.DriveSpeed(str(d), "direct", 1 << 20, 0.0, ((1 << 20) / (3e9 if k else 2e9),))
+                for k, d in enumerate(directories)]
+
+    monkeypatch.setattr(drive_speed, "measure_drives", figures)
+    with TieredAdamW(_params(shapes=BIG), state_dir=[str(d) for d in dirs], **KW) as opt:
+        sizes = [opt._layout.shard_nbytes(s) for s in opt._layout.shards]
+    assert measured == [dirs[:2]], measured
+    record = json.loads((dirs[0] / "manifest.json").read_text())["drives"]
+    assert record["bandwidths"] == pytest.approx([1e9, 3e9, 1e9])
+    assert record["placement"] == place(sizes, record["bandwidths"])
 
 
 # -- one directory stays what it was -----------------------------------------------------------

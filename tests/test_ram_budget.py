@@ -131,6 +131,22 @@ def test_many_small_shards_stay_within_budget():
     assert_within_budget(report)
 
 
+@child
+def test_building_a_state_over_two_directories_stays_within_budget(tmp_path, monkeypatch):
+    # A state over two directories probes its drive when it is built (no figures given): the probe moves
+    # each directory's share of the state, up to 64 MiB (40 MiB here, more than the budget and its
+    # overhead together), so it must move them through a small buffer, not hold them.
+    from tierstore._storage.drive_speed import probe_nbytes
+
+    monkeypatch.delenv("TIERSTORE_DRIVE_BANDWIDTHS", raising=False)
+    dirs = [str(tmp_path / "one"), str(tmp_path / "two")]  # one drive: probed once
+    report = measured("steps", state_dir=dirs, durable=False, steps=1)
+    assert "over 2 drives" in report.info["describe"], report.info["describe"]
+    assert probe_nbytes(report.info["state_bytes"], 2) > BUDGET + OVERHEAD_BYTES
+    assert report.phase("construct").peak_growth <= BUDGET + OVERHEAD_BYTES, report.summary()
+    assert_within_budget(report)
+
+
 # -- checkpoints ------------------------------------------------------------------------
 
 

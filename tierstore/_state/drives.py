@@ -48,7 +48,7 @@ from typing import Any
 
 from .._config.registry import env
 from .._layout.layout import Layout
-from .._storage.drive_speed import measure_drive, probe_nbytes
+from .._storage.drive_speed import probe_drives, probe_nbytes
 from .._storage.placement import MAX_DRIVES, check_bandwidths, drive_bytes, place
 from ..backends.base import open_regular
 from ..errors import (
@@ -396,7 +396,9 @@ class DriveSet:
         Resuming: the recorded placement. A fresh state over several drives:
         :func:`~tierstore._storage.placement.place` by ``bandwidths`` (bytes/s
         per directory), else by the ``TIERSTORE_DRIVE_BANDWIDTHS`` figures, else
-        by a quick probe of each drive with ``backend``.
+        by a quick probe of each drive with ``backend``
+        (:func:`~tierstore._storage.drive_speed.probe_drives`: directories on
+        one drive share its figure).
 
         Raises
         ------
@@ -429,12 +431,11 @@ class DriveSet:
         return self.placement
 
     def _probe(self, layout: Layout, backend: str) -> tuple[float, ...]:
+        # Each drive (st_dev) is measured once; directories on one drive split its figure equally.
         nbytes = probe_nbytes(layout.state_nbytes, self.count)
-        speeds = []
-        for d in self.dirs:
-            assert d.path is not None and d.fd is not None
-            speeds.append(measure_drive(d.path, backend=backend, nbytes=nbytes, dir_fd=d.fd).bandwidth)
-        return tuple(speeds)
+        paths = [d.path for d in self.dirs]
+        assert all(p is not None for p in paths) and all(d.fd is not None for d in self.dirs)
+        return tuple(probe_drives(paths, backend=backend, nbytes=nbytes, dir_fds=[d.fd for d in self.dirs]))
 
     def manifest_record(self, backends: Sequence[str] | None) -> dict | None:
         """The manifest's ``"drives"`` entry for a commit (``None`` for one directory)."""

@@ -3,8 +3,8 @@
 A state over several drives streams each step's shards from all of them at
 once, so a step takes as long as the slowest drive needs for its share.
 :func:`place` gives each drive a share of the bytes proportional to its
-bandwidth (bytes per second to write a byte and read it back: what one step
-does with a streamed shard), so every drive finishes its share at about the
+bandwidth (bytes per second to read a byte back and write it again: what one
+step does with a streamed shard), so every drive finishes its share at about the
 same time, and deals the shards out in layout order: a step streams shards in
 that order, so consecutive shards sit on different drives and every drive
 stays busy. Equal drives get the shards round robin.
@@ -16,8 +16,8 @@ as a single state directory always did.
 The placement is decided once, when a state is created, and recorded in its
 manifest; it is part of the state's identity (a resume keeps it), while the
 bandwidths it was computed from are resources only (they come from
-:func:`tierstore._storage.drive_speed.probe_drive`, or from figures a caller
-passes).
+:func:`tierstore._storage.drive_speed.probe_drives`, which gives directories
+on one drive equal parts of its figure, or from figures a caller passes).
 
 Example
 -------

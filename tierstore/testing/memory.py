@@ -347,10 +347,11 @@ def _warm_torch_optim() -> None:
     opt.zero_grad()
 
 
-def _state_files(state_dir: str | None) -> Callable[[], list[Path]]:
+def _state_files(state_dir: str | list[str] | None) -> Callable[[], list[Path]]:
     if state_dir is None:
         return lambda: []
-    return lambda: sorted(Path(state_dir).glob("shards*.bin"))
+    dirs = [state_dir] if isinstance(state_dir, str) else list(state_dir)  # a state over several drives: a list
+    return lambda: sorted(f for d in dirs for f in Path(d).glob("shards*.bin"))
 
 
 def _optimizer(params: list, config: dict[str, Any]) -> Any:
