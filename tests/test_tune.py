@@ -70,6 +70,23 @@ def test_a_knobs_file_reads_back_what_tune_writes(tmp_path):
     assert read_knobs_file(str(path)).knobs == TUNED  # a str works as a Path does
 
 
+def test_directories_on_one_drive_share_its_figure_from_a_knobs_file(tmp_path):
+    # As the optimizer's own probe: a drive's figure is split equally between its directories, so a pair on
+    # one drive places half and half, and beside another drive weighs as one directory there would.
+    disk = DriveFigure(str(tmp_path / "a"), os.stat(tmp_path).st_dev, 2e9)
+    (tmp_path / "a").mkdir()
+    tuned = KnobsFile("k.json", drives=(disk,))
+    assert tuned.bandwidths_for([tmp_path / "a", tmp_path / "b"]) == [1e9, 1e9]
+    assert tuned.bandwidths_for([tmp_path / "a" / "state"]) == [2e9]
+    other = "/dev/shm"
+    if os.path.isdir(other) and os.stat(other).st_dev != os.stat(tmp_path).st_dev:
+        both = KnobsFile("k.json", drives=(disk, DriveFigure(other, os.stat(other).st_dev, 3e9)))
+        assert both.bandwidths_for([tmp_path / "a", other + "/x", tmp_path / "b"]) == [1e9, 3e9, 1e9]
+    # tune measured both directories of one drive: one figure, their mean, shared
+    twice = KnobsFile("k.json", drives=(disk, DriveFigure(str(tmp_path / "b"), os.stat(tmp_path).st_dev, 4e9)))
+    assert twice.bandwidths_for([tmp_path / "a", tmp_path / "b"]) == [1.5e9, 1.5e9]
+
+
 def test_explicit_arguments_win_even_at_the_default_value():
     tuned = KnobsFile("k.json", knobs=dict(TUNED))
     left = {name: KNOBS[name].default for name in TUNED}
@@ -286,7 +303,9 @@ def test_tune_writes_its_picks_when_their_step_is_faster(two_dirs, tmp_path, cap
     tuned = read_knobs_file(out)
     assert not tuned.fallback and set(tuned.knobs) == set(TUNED) and len(tuned.drives) == 2
     assert tuned.knobs["io_workers"] in (2, 4) and tuned.knobs["request_bytes"] == MiB
-    assert tuned.bandwidths_for(two_dirs) == [d.bandwidth for d in tuned.drives]
+    # both directories are on tmp_path's drive: they share one figure (the mean of tune's two), half each
+    shared = (tuned.drives[0].bandwidth + tuned.drives[1].bandwidth) / 2 / 2
+    assert tuned.bandwidths_for(two_dirs) == pytest.approx([shared, shared])
     for line in ("picks (each with the measurement behind it):", "  io_workers=", "  prefetch_depth=",
                  "  update_threads=", "  shard_numel=", f"  drive {two_dirs[1]}: ", "picks / defaults median 0.800x",
                  f"wrote {out}: the picks"):

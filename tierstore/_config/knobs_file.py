@@ -41,6 +41,7 @@ import json
 import math
 import os
 import stat
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,11 +120,15 @@ class KnobsFile:
         return out
 
     def bandwidths_for(self, directories: Sequence[str | os.PathLike]) -> list[float] | None:
-        """Each directory's drive bandwidth from this file, or ``None`` unless every one is found.
+        """Each directory's share of its drive's bandwidth from this file, or ``None`` unless every drive is found.
 
         A directory is found by the directory measured that holds it (itself
         or a parent), else by its drive (``st_dev``; a directory that does not
         exist yet: its nearest existing parent's, where it will be made).
+        Directories on one drive share one figure (the mean of those found for
+        them, when ``tune`` measured several of its directories), split
+        equally, as the optimizer's own probe splits it: two directories on
+        one drive place half and half.
 
         Example
         -------
@@ -131,21 +136,28 @@ class KnobsFile:
         >>> d = tempfile.mkdtemp()
         >>> KnobsFile("k.json", drives=(DriveFigure(d, device_of(d), 2e9),)).bandwidths_for([d + "/state"])
         [2000000000.0]
+        >>> KnobsFile("k.json", drives=(DriveFigure(d, device_of(d), 2e9),)).bandwidths_for([d + "/a", d + "/b"])
+        [1000000000.0, 1000000000.0]
         """
         by_device: dict[int, float] = {}
         for d in self.drives:
             if d.device is not None:
                 by_device.setdefault(d.device, d.bandwidth)
         measured = [(os.path.abspath(d.path), d.bandwidth) for d in self.drives]
-        out = []
+        found: list[tuple[int, float]] = []  # (drive, figure) per directory
         for directory in directories:
             where = os.path.abspath(Path(directory).expanduser())
             inside = [(len(path), bw) for path, bw in measured if where == path or where.startswith(path.rstrip("/") + "/")]
-            figure = max(inside)[1] if inside else by_device.get(device_of(directory))
+            device = device_of(directory)
+            figure = max(inside)[1] if inside else by_device.get(device)
             if figure is None:
                 return None
-            out.append(figure)
-        return out
+            found.append((device, figure))
+        shared: dict[int, list[float]] = {}
+        for device, figure in found:
+            shared.setdefault(device, []).append(figure)
+        # The drive's one figure (the mean of those found for it) over the directories that share it.
+        return [statistics.fmean(shared[device]) / len(shared[device]) for device, _ in found]
 
 
 def device_of(directory: str | os.PathLike) -> int:
