@@ -138,7 +138,8 @@ def test_random_placements_train_and_resume_bitwise_like_torch(dirs, fast, count
     opt.close()
     if count > 1:
         manifest = json.loads((chosen[0] / "manifest.json").read_text())
-        assert manifest["drives"]["placement"] == place(sizes, bandwidths[:count]), fast.describe()
+        devices = [os.stat(d).st_dev for d in chosen]  # the home and the third share the disk: runs of its shards
+        assert manifest["drives"]["placement"] == place(sizes, bandwidths[:count], devices=devices), fast.describe()
         for k, d in enumerate(chosen):
             assert json.loads((d / MEMBER).read_text())["index"] == k
     resumed = TieredAdamW(params, state_dir=[str(d) for d in chosen], resume=True, **{**KW, **kw})
@@ -192,7 +193,8 @@ def test_a_knobs_file_places_a_new_states_shards_by_its_drive_figures(dirs, tmp_
 
 def test_two_directories_on_one_drive_are_placed_half_and_half_by_the_probe(tmp_path, monkeypatch):
     # No figures given: the probe runs. Both directories are on tmp_path's drive: it is measured once and
-    # each directory gets half its figure, so the shards alternate (two probes would differ by noise).
+    # each directory gets half its figure (two probes would differ by noise), and half the shards in one run
+    # each (a step then streams one file at a time from the drive, as from one directory).
     monkeypatch.delenv(BW, raising=False)
     pair = [tmp_path / "one", tmp_path / "two"]
     params = _params(shapes=BIG)
@@ -201,7 +203,7 @@ def test_two_directories_on_one_drive_are_placed_half_and_half_by_the_probe(tmp_
     record = json.loads((pair[0] / "manifest.json").read_text())["drives"]
     first, second = record["bandwidths"]
     assert first == second > 0, record["bandwidths"]
-    assert record["placement"] == place(sizes, [1.0, 1.0])
+    assert record["placement"] == place(sizes, [1.0, 1.0], devices=[0, 0]) == sorted(record["placement"])
     shares = drive_bytes(sizes, record["placement"], drives=2)
     assert abs(shares[0] - shares[1]) <= max(sizes), shares
 
@@ -227,7 +229,10 @@ def test_a_drive_with_two_directories_weighs_as_one_beside_another(dirs, fast, m
     assert measured == [dirs[:2]], measured
     record = json.loads((dirs[0] / "manifest.json").read_text())["drives"]
     assert record["bandwidths"] == pytest.approx([1e9, 3e9, 1e9])
-    assert record["placement"] == place(sizes, record["bandwidths"])
+    disk = os.stat(dirs[0]).st_dev
+    assert record["placement"] == place(sizes, record["bandwidths"], devices=[disk, "fast", disk])
+    on_disk = [d for d in record["placement"] if d != 1]
+    assert on_disk == sorted(on_disk) and set(on_disk) == {0, 2}  # the disk's two directories: a run each
 
 
 # -- one directory stays what it was -----------------------------------------------------------

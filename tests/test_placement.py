@@ -4,6 +4,8 @@
   so every drive finishes its part of a step at about the same time: the
   slowest drive's time is within one shard per drive of the ideal;
 - equal drives get the shards round robin; one drive gets all of them;
+- directories on one drive (``devices``) share its deal of the shards in
+  runs, each its share of the drive's bytes;
 - the same inputs give the same placement (it is recorded and must be
   reproducible in a test);
 - offsets: a drive's files hold its shards back to back in layout order
@@ -66,6 +68,35 @@ def test_each_drive_gets_its_share_within_one_shard(shards, bandwidths):
     for d, nbytes in enumerate(per_drive):
         assert nbytes / bandwidths[d] <= (ideal + slack) * (1 + 1e-9)
     assert sum(per_drive) == sum(shards)
+
+
+@settings(max_examples=200, deadline=None)
+@given(shards=sizes, bandwidths=speeds, data=st.data())
+def test_directories_on_one_drive_hold_runs_of_its_share(shards, bandwidths, data):
+    devices = data.draw(st.lists(st.integers(0, 2), min_size=len(bandwidths), max_size=len(bandwidths)))
+    placement = place(shards, bandwidths, devices=devices)
+    assert sum(drive_bytes(shards, placement, drives=len(bandwidths))) == sum(shards)
+    drives = sorted(set(devices))
+    members = {g: [k for k, d in enumerate(devices) if d == g] for g in drives}
+    # Each drive is dealt its shards as one directory with its directories' bandwidths added would be.
+    alone = place(shards, [sum(bandwidths[k] for k in members[g]) for g in dict.fromkeys(devices)])
+    order = list(dict.fromkeys(devices))
+    assert [devices[d] for d in placement] == [order[g] for g in alone]
+    biggest = max(shards, default=0)
+    for g in drives:
+        mine = [d for d in placement if devices[d] == g]
+        assert mine == sorted(mine), f"drive {g}'s directories do not hold runs: {mine}"  # in directory order
+        total, weight = sum(s for s, d in zip(shards, placement) if devices[d] == g), sum(bandwidths[k] for k in members[g])
+        for k in members[g]:
+            held = sum(s for s, d in zip(shards, placement) if d == k)
+            assert abs(held - total * bandwidths[k] / weight) <= biggest, (k, held, total)
+
+
+def test_devices_that_do_not_name_each_directory_are_refused():
+    with pytest.raises(ConfigError, match="must name the drive of each of the 2 directories"):
+        place([4096], [1e9, 1e9], devices=[0])
+    with pytest.raises(ConfigError, match="must name the drive of each"):
+        place([4096], [1e9, 1e9], devices="ab")
 
 
 @settings(max_examples=50, deadline=None)

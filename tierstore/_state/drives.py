@@ -398,7 +398,8 @@ class DriveSet:
         per directory), else by the ``TIERSTORE_DRIVE_BANDWIDTHS`` figures, else
         by a quick probe of each drive with ``backend``
         (:func:`~tierstore._storage.drive_speed.probe_drives`: directories on
-        one drive share its figure).
+        one drive share its figure), with each directory's drive (``st_dev``):
+        directories on one drive hold runs of its shards.
 
         Raises
         ------
@@ -424,7 +425,9 @@ class DriveSet:
         else:
             speeds = self._probe(layout, backend)
         self.bandwidths = speeds
-        self.placement = place(sizes, speeds)
+        # Directories on one drive get runs of its shards, not alternate ones (place's docs say why).
+        devices = [os.fstat(d.fd).st_dev for d in self.dirs if d.fd is not None]
+        self.placement = place(sizes, speeds, devices=devices)
         shares = drive_bytes(sizes, self.placement, drives=self.count)
         log.info("placed %d shards over %d drives by bandwidth %s: bytes %s", len(sizes), self.count,
                  [f"{b / 1e6:.0f} MB/s" for b in speeds], shares)  # fmt: skip

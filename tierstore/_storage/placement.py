@@ -32,7 +32,7 @@ Example
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 from ..errors import ConfigError, ConfigTypeError
 
@@ -85,8 +85,8 @@ def check_bandwidths(bandwidths: Sequence[float], *, drives: int | None = None, 
     return tuple(out)
 
 
-def place(shard_nbytes: Sequence[int], bandwidths: Sequence[float]) -> list[int]:
-    """The drive of each shard: bytes per drive proportional to its bandwidth, shards interleaved in order.
+def place(shard_nbytes: Sequence[int], bandwidths: Sequence[float], *, devices: Sequence[Hashable] | None = None) -> list[int]:
+    """The directory of each shard: bytes per drive proportional to its bandwidth, shards interleaved in order.
 
     Each shard, in layout order, goes to the drive that would finish its
     share soonest with it: the drive ``d`` with the least
@@ -96,11 +96,21 @@ def place(shard_nbytes: Sequence[int], bandwidths: Sequence[float]) -> list[int]
     speeds allow. Deterministic: the same sizes and bandwidths give the same
     placement.
 
+    ``devices``: the drive each directory is on (any hashable, e.g. its
+    ``st_dev``; default: each its own). Directories on one drive add their
+    bandwidths into that drive's, the shards are dealt to the drives as
+    above, and a drive's shards go to its directories in runs, in layout
+    order, each directory's run its share of the drive's bytes: a step then
+    streams one file at a time from that drive, as from a single directory.
+    (Alternating between two files on one drive made a streamed step 1.18x
+    slower than one directory on the 2-vCPU VM's virtual disk; runs: 1.01x.)
+
     Raises
     ------
     ConfigError, ConfigTypeError
-        If ``bandwidths`` is not one positive, finite number per drive
-        (:func:`check_bandwidths`), or a shard size is negative.
+        If ``bandwidths`` is not one positive, finite number per directory
+        (:func:`check_bandwidths`), ``devices`` does not name one drive per
+        directory, or a shard size is negative.
 
     Example
     -------
@@ -108,16 +118,45 @@ def place(shard_nbytes: Sequence[int], bandwidths: Sequence[float]) -> list[int]
     [0, 0, 0, 0]
     >>> place([4096] * 8, [3e9, 1e9, 1e9])
     [0, 0, 0, 1, 2, 0, 0, 0]
+    >>> place([4096] * 8, [1e9, 1e9, 2e9], devices=["disk", "disk", "nvme"])  # the disk's two: a run each
+    [0, 2, 0, 2, 1, 2, 1, 2]
     """
     speeds = check_bandwidths(bandwidths)
+    for index, nbytes in enumerate(shard_nbytes):
+        if nbytes < 0:
+            raise ConfigError(f"shard {index} has {nbytes} bytes; a shard's size is never negative")
+    if devices is None:
+        devices = range(len(speeds))
+    elif isinstance(devices, (str, bytes)) or len(devices) != len(speeds):
+        raise ConfigError(f"devices={devices!r} must name the drive of each of the {len(speeds)} directories")
+    members: dict[Hashable, list[int]] = {}
+    for k, device in enumerate(devices):
+        members.setdefault(device, []).append(k)
+    groups = list(members.values())  # each drive's directories, drives in the order of their first directory
+    drive_of = _deal(shard_nbytes, [sum(speeds[k] for k in group) for group in groups])
+    out = [0] * len(shard_nbytes)
+    for g, group in enumerate(groups):
+        mine = [i for i, d in enumerate(drive_of) if d == g]
+        total, weight = sum(shard_nbytes[i] for i in mine), sum(speeds[k] for k in group)
+        # Where each directory's run ends in the drive's bytes: its share, the ones before it added.
+        ends = [total * sum(speeds[k] for k in group[: j + 1]) / weight for j in range(len(group))]
+        done, j = 0, 0
+        for i in mine:
+            while j < len(group) - 1 and done + shard_nbytes[i] / 2 > ends[j]:  # a shard goes where its middle falls
+                j += 1
+            out[i] = group[j]
+            done += shard_nbytes[i]
+    return out
+
+
+def _deal(shard_nbytes: Sequence[int], speeds: Sequence[float]) -> list[int]:
+    """Each shard, in order, to the drive that would finish its share soonest with it (:func:`place`)."""
     if len(speeds) == 1:
         return [0] * len(shard_nbytes)
     drives = range(len(speeds))
     load = [0] * len(speeds)
     out: list[int] = []
-    for index, nbytes in enumerate(shard_nbytes):
-        if nbytes < 0:
-            raise ConfigError(f"shard {index} has {nbytes} bytes; a shard's size is never negative")
+    for nbytes in shard_nbytes:
         best = min(drives, key=lambda d: ((load[d] + nbytes) / speeds[d], d))
         load[best] += nbytes
         out.append(best)
