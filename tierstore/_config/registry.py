@@ -355,7 +355,7 @@ KNOBS: dict[str, Knob] = _knobs(
     Knob("TIERSTORE_DRIVE_BANDWIDTHS", "tuple[float, ...] | None", None, "bytes per second", "resource",
          "each directory's bandwidth when a state over several is created: where its shards go, instead of a probe",
          env="TIERSTORE_DRIVE_BANDWIDTHS", check=_env_bandwidths,
-         default_doc="unset: a quick probe of each drive (tens of MiB written and read back)"),
+         default_doc="unset: a quick probe of each drive (up to 64 MiB read back and rewritten)"),
     Knob("TIERSTORE_CC", "tuple[str, ...] | None", None, "", "resource",
          "the C compiler command of a first-use build of that kernel",
          env="TIERSTORE_CC", check=_env_command, default_doc="unset: `$CC`, else `cc`, `gcc` or `clang`"),
