@@ -388,11 +388,26 @@ def test_tune_help_imports_no_torch():
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
 
 
-def test_a_state_over_two_drives_keeps_its_placement_whatever_the_knobs_file(tmp_path):
+@pytest.fixture
+def disk_and_fast(tmp_path):
+    """A directory on the disk and one on a second drive (tmpfs): a knobs file's figures are per drive."""
+    from tierstore._config.knobs_file import device_of
+    from tierstore.testing.drives import second_drive
+
+    drive = second_drive(tmp_path)
+    dirs = [tmp_path / "a", drive.path / "b"]
+    if device_of(dirs[0]) == device_of(dirs[1]):
+        drive.close()
+        pytest.skip(f"no second filesystem here ({drive.describe()}): directories on one drive share its figure")
+    yield dirs
+    drive.close()
+
+
+def test_a_state_over_two_drives_keeps_its_placement_whatever_the_knobs_file(tmp_path, disk_and_fast):
     """Placed by one file's bandwidths, resumed with a file that says the opposite and with none: the same shards."""
     from tierstore._config.knobs_file import device_of
 
-    dirs = [tmp_path / "a", tmp_path / "b"]
+    dirs = disk_and_fast
     gen = torch.Generator().manual_seed(5)
     params = [torch.nn.Parameter(torch.randn(30_000, generator=gen))]
     grads = [[torch.randn(30_000, generator=gen)] for _ in range(4)]
