@@ -297,3 +297,13 @@ def test_a_drive_shared_by_two_directories_weighs_as_one_beside_another(tmp_path
     (tmp_path / "b").mkdir()
     got = probe_drives([tmp_path / "a", other, tmp_path / "b"])
     assert got == pytest.approx([1e9, 3e9, 1e9])
+
+
+@given(
+    figure=st.floats(1e6, 1e11, allow_nan=False, allow_infinity=False),
+    sizes=st.lists(st.sampled_from([8192, 1 << 22]), min_size=2, max_size=80),
+)
+def test_directories_on_one_drive_place_alike_whatever_the_figures_scale(figure, sizes) -> None:
+    """Two directories at [f, f] on one drive place exactly as at [1, 1]: a shard whose middle falls on the run's
+    end goes the same way (float arithmetic of total * f / 2f flipped it for some f: a flaky multi-drive test)."""
+    assert place(sizes, [figure, figure], devices=[0, 0]) == place(sizes, [1.0, 1.0], devices=[0, 0])

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
+from fractions import Fraction
 
 from ..errors import ConfigError, ConfigTypeError
 
@@ -137,12 +138,16 @@ def place(shard_nbytes: Sequence[int], bandwidths: Sequence[float], *, devices: 
     out = [0] * len(shard_nbytes)
     for g, group in enumerate(groups):
         mine = [i for i, d in enumerate(drive_of) if d == g]
-        total, weight = sum(shard_nbytes[i] for i in mine), sum(speeds[k] for k in group)
-        # Where each directory's run ends in the drive's bytes: its share, the ones before it added.
-        ends = [total * sum(speeds[k] for k in group[: j + 1]) / weight for j in range(len(group))]
+        total, weight = sum(shard_nbytes[i] for i in mine), sum(Fraction(speeds[k]) for k in group)
+        # Where each directory's run ends in the drive's bytes (its share, the ones before it added), doubled and
+        # rounded down, in exact arithmetic: a shard whose middle falls on an end goes the same way whatever the
+        # figures' scale (two directories at [f, f] place as at [1, 1]; floats rounded total * f / 2f either way).
+        limits = [math.floor(2 * total * sum(Fraction(speeds[k]) for k in group[: j + 1]) / weight)
+                  for j in range(len(group))]  # fmt: skip
         done, j = 0, 0
         for i in mine:
-            while j < len(group) - 1 and done + shard_nbytes[i] / 2 > ends[j]:  # a shard goes where its middle falls
+            # A shard goes where its middle falls: done + size / 2 > end  <=>  2 * done + size > floor(2 * end).
+            while j < len(group) - 1 and 2 * done + shard_nbytes[i] > limits[j]:
                 j += 1
             out[i] = group[j]
             done += shard_nbytes[i]
