@@ -79,6 +79,8 @@ from ._config.deepspeed_types import ADAM_TYPES, map_optimizer
 from ._config.deepspeed_types import (
     PARAM_KEYS as PARAM_KEYS,  # the optimizer.params of an Adam/AdamW config
 )
+from ._config.deepspeed_types import flag as _flag
+from ._config.deepspeed_types import number as _number
 from ._config.knobs import Knobs
 from ._layout.budget import staging_nbytes
 from ._layout.layout import DEFAULT_SHARD_NUMEL, Layout
@@ -164,22 +166,6 @@ def _section(parent: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise ConfigError(f"{where}{key}={value!r} must be a JSON object")
     return dict(value)
-
-
-def _number(value: Any, name: str, arg: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        hint = " ('auto' is filled in by Hugging Face's DeepSpeed integration)" if value == "auto" else ""
-        raise ConfigError(
-            f"{name}={value!r} must be a number{hint}; fix the config or pass the value as an "
-            f"override: from_deepspeed_config(params, config, {arg}=...)"
-        )
-    return float(value)
-
-
-def _flag(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name}={value!r} must be true or false")
-    return value
 
 
 def _count(value: Any, name: str, minimum: int) -> int:

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["ADAM_TYPES", "PARAM_KEYS", "ADAGRAD_KEYS", "LION_KEYS", "REFUSED", "map_optimizer"]
+__all__ = ["ADAM_TYPES", "PARAM_KEYS", "ADAGRAD_KEYS", "LION_KEYS", "REFUSED", "flag", "map_optimizer", "number"]
 
 ADAM_TYPES = ("adam", "adamw")
 #: optimizer.params an Adam/AdamW config may hold.
@@ -72,7 +72,8 @@ REFUSED = {
 }
 
 
-def _number(value: Any, name: str, arg: str) -> float:
+def number(value: Any, name: str, arg: str) -> float:
+    """``value`` as a float, or a ``ConfigError`` naming ``name`` and the override ``arg`` that fixes it."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         hint = " ('auto' is filled in by Hugging Face's DeepSpeed integration)" if value == "auto" else ""
         raise ConfigError(
@@ -82,7 +83,8 @@ def _number(value: Any, name: str, arg: str) -> float:
     return float(value)
 
 
-def _flag(value: Any, name: str) -> bool:
+def flag(value: Any, name: str) -> bool:
+    """``value`` if it is a JSON boolean, else a ``ConfigError`` naming ``name``."""
     if not isinstance(value, bool):
         raise ConfigError(f"{name}={value!r} must be true or false")
     return value
@@ -91,7 +93,7 @@ def _flag(value: Any, name: str) -> bool:
 def _pair(value: Any, name: str, arg: str) -> tuple[float, float]:
     if not isinstance(value, (list, tuple)) or len(value) != 2:
         raise ConfigError(f"{name}={value!r} must be a pair such as [0.9, 0.999]")
-    return (_number(value[0], f"{name}[0]", arg), _number(value[1], f"{name}[1]", arg))
+    return (number(value[0], f"{name}[0]", arg), number(value[1], f"{name}[1]", arg))
 
 
 def _section(parent: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
@@ -113,7 +115,7 @@ def _known(params: Mapping[str, Any], keys: tuple[str, ...], kind: str) -> None:
 
 def _fp32_states(params: Mapping[str, Any], front: str) -> None:
     where = "optimizer.params."
-    if not _flag(params.get("fp32_optimizer_states", True), where + "fp32_optimizer_states"):
+    if not flag(params.get("fp32_optimizer_states", True), where + "fp32_optimizer_states"):
         raise ConfigError(
             f"{where}fp32_optimizer_states=false asks for low-precision moments; {front} keeps "
             "them in fp32. Remove the key (fp32 state is what tierstore offloads to RAM and disk)"
@@ -125,21 +127,21 @@ def _adam(kind: str, params: dict[str, Any], skip: Mapping[str, Any], wanted: st
     _known(params, PARAM_KEYS, f"type {kind!r}")
     kwargs: dict[str, Any] = {}
     where = "optimizer.params."
-    adam_w_mode = _flag(params.get("adam_w_mode", True), where + "adam_w_mode")
-    torch_adam = _flag(params.get("torch_adam", False), where + "torch_adam")
+    adam_w_mode = flag(params.get("adam_w_mode", True), where + "adam_w_mode")
+    torch_adam = flag(params.get("torch_adam", False), where + "torch_adam")
     decoupled = kind.lower() == "adamw" or adam_w_mode  # DeepSpeed's effective_adam_w_mode
     if "lr" in params and "lr" not in skip:
-        kwargs["lr"] = _number(params["lr"], where + "lr", "lr")
+        kwargs["lr"] = number(params["lr"], where + "lr", "lr")
     if "betas" in params and "betas" not in skip:
         kwargs["betas"] = _pair(params["betas"], where + "betas", "betas")
     if "eps" in params and "eps" not in skip:
-        kwargs["eps"] = _number(params["eps"], where + "eps", "eps")
+        kwargs["eps"] = number(params["eps"], where + "eps", "eps")
     if "weight_decay" in skip:
         decay = skip["weight_decay"]
     else:
         # DeepSpeed's FusedAdam and DeepSpeedCPUAdam default to 0; torch_adam uses torch's AdamW (0.01).
         default = 0.01 if torch_adam and decoupled else 0.0
-        decay = kwargs["weight_decay"] = _number(params.get("weight_decay", default), where + "weight_decay", "weight_decay")
+        decay = kwargs["weight_decay"] = number(params.get("weight_decay", default), where + "weight_decay", "weight_decay")
     algorithm = "adamw" if decoupled else "adam"
     if not decoupled and wanted == "adamw":
         if decay != 0.0:
@@ -151,8 +153,8 @@ def _adam(kind: str, params: dict[str, Any], skip: Mapping[str, Any], wanted: st
             )
         algorithm = "adamw"  # without weight decay, Adam's update is AdamW's
     if "amsgrad" in params and "amsgrad" not in skip:
-        kwargs["amsgrad"] = _flag(params["amsgrad"], where + "amsgrad")
-    if not _flag(params.get("bias_correction", True), where + "bias_correction"):
+        kwargs["amsgrad"] = flag(params["amsgrad"], where + "amsgrad")
+    if not flag(params.get("bias_correction", True), where + "bias_correction"):
         raise ConfigError(
             f"{where}bias_correction=false is not supported: TieredAdamW always applies Adam's bias "
             "correction (as torch.optim.AdamW does). Remove the key"
@@ -165,15 +167,15 @@ def _adagrad(params: dict[str, Any], skip: Mapping[str, Any]) -> tuple[str, dict
     """Adagrad: DeepSpeed's defaults are torch's (``lr`` 1e-2, ``eps`` 1e-10, no decay), so only given keys pass."""
     _known(params, ADAGRAD_KEYS, "type 'Adagrad'")
     where = "optimizer.params."
-    if _flag(params.get("amsgrad", False), where + "amsgrad"):
+    if flag(params.get("amsgrad", False), where + "amsgrad"):
         raise ConfigError(f"{where}amsgrad=true: Adagrad has no amsgrad (DeepSpeed's CPU Adagrad ignores it). Remove the key")
     _fp32_states(params, "TieredAdagrad")
     kwargs: dict[str, Any] = {}
     for key in ("lr", "eps", "weight_decay", "lr_decay", "initial_accumulator_value"):
         if key in params and key not in skip:
-            kwargs[key] = _number(params[key], where + key, key)
+            kwargs[key] = number(params[key], where + key, key)
     if "maximize" in params and "maximize" not in skip:
-        kwargs["maximize"] = _flag(params["maximize"], where + "maximize")
+        kwargs["maximize"] = flag(params["maximize"], where + "maximize")
     return "adagrad", kwargs
 
 
@@ -187,7 +189,7 @@ def _lion(params: dict[str, Any], skip: Mapping[str, Any]) -> tuple[str, dict[st
         if key in skip:
             continue
         value = params.get(key, default)
-        kwargs[key] = _pair(value, where + key, key) if key == "betas" else _number(value, where + key, key)
+        kwargs[key] = _pair(value, where + key, key) if key == "betas" else number(value, where + key, key)
     return "lion", kwargs
 
 
@@ -206,7 +208,7 @@ def _torch_class(kind: str, params: dict[str, Any], skip: Mapping[str, Any], alg
         if key in skip:
             continue
         if value == "auto":
-            _number(value, f"optimizer.params.{key}", key)  # the Hugging Face hint
+            number(value, f"optimizer.params.{key}", key)  # the Hugging Face hint
         kwargs[key] = tuple(value) if isinstance(value, list) else value
     return matches[0].name, kwargs
 
