@@ -30,11 +30,12 @@ from torch import Tensor
 from ..errors import ConfigError, ConfigTypeError
 
 
-def _at_least_zero(name: str, value: Any, where: str) -> bool:
+def at_least_zero(name: str, value: Any, where: str, example: str = "0.001") -> bool:
+    """``value >= 0.0``, torch's test (a NaN fails it); a non-number is a ``ConfigTypeError`` showing ``example``."""
     try:
         return bool(value >= 0.0)
     except TypeError:
-        raise ConfigTypeError(f"{name}={value!r}{where} must be a number, e.g. {name}=0.001") from None
+        raise ConfigTypeError(f"{name}={value!r}{where} must be a number, e.g. {name}={example}") from None
 
 
 def check_hyper(lr: Any, betas: Any, eps: Any, weight_decay: Any, where: str = "") -> None:
@@ -52,9 +53,9 @@ def check_hyper(lr: Any, betas: Any, eps: Any, weight_decay: Any, where: str = "
     """
     if isinstance(lr, Tensor) and lr.numel() != 1:
         raise ConfigError(f"Tensor lr must be 1-element{where}; pass a float or a 1-element tensor")
-    if not _at_least_zero("lr", lr, where):
+    if not at_least_zero("lr", lr, where):
         raise ConfigError(f"Invalid learning rate: {lr}{where}; lr must be >= 0")
-    if not _at_least_zero("eps", eps, where):
+    if not at_least_zero("eps", eps, where):
         raise ConfigError(f"Invalid epsilon value: {eps}{where}; eps must be >= 0")
     try:
         b1, b2 = betas
@@ -69,7 +70,7 @@ def check_hyper(lr: Any, betas: Any, eps: Any, weight_decay: Any, where: str = "
             raise ConfigTypeError(f"betas[{k}]={b!r}{where} must be a number in [0, 1)") from None
         if not ok:
             raise ConfigError(f"Invalid beta parameter at index {k}: {b}{where}; it must be in [0, 1)")
-    if not _at_least_zero("weight_decay", weight_decay, where):
+    if not at_least_zero("weight_decay", weight_decay, where):
         raise ConfigError(f"Invalid weight_decay value: {weight_decay}{where}; it must be >= 0")
     both_floats = isinstance(b1, float) and isinstance(b2, float)
     both_tensors = isinstance(b1, Tensor) and isinstance(b2, Tensor)

@@ -42,19 +42,12 @@ from typing import Any, NamedTuple
 from torch import Tensor
 
 from ..._platform import torch_private
-from ...errors import ConfigError, ConfigTypeError
+from ...errors import ConfigError
+from ..hyper import at_least_zero
 from .base import FLAG, FLAG_OR_NULL, NUMBER, Algorithm, FieldSpec
 from .fused_flags import refuse_cpu_meaningless, refuse_unfused
 
 __all__ = ["ADAGRAD", "Adagrad", "AdagradHyper"]
-
-
-def _at_least_zero(name: str, value: Any, where: str) -> bool:
-    """``value >= 0.0``, torch's Adagrad test (a NaN fails it); a non-number is a ``ConfigTypeError``."""
-    try:
-        return bool(value >= 0.0)  # (the same test as torch's 0.0 <= value, NaN included)
-    except TypeError:
-        raise ConfigTypeError(f"{name}={value!r}{where} must be a number, e.g. {name}=0.01") from None
 
 
 class AdagradHyper(NamedTuple):
@@ -94,13 +87,13 @@ class Adagrad(Algorithm):
         lr = group["lr"]
         if isinstance(lr, Tensor) and lr.numel() != 1:
             raise ConfigError(f"Tensor lr must be 1-element{where}; pass a float or a 1-element tensor")
-        if not _at_least_zero("lr", lr, where):
+        if not at_least_zero("lr", lr, where, "0.01"):
             raise ConfigError(f"Invalid learning rate: {lr}{where}; lr must be >= 0")
         # (torch names eps "epsilon" in its message)
         for key, label in (("lr_decay", "lr_decay"), ("weight_decay", "weight_decay"),
                            ("initial_accumulator_value", "initial_accumulator_value"), ("eps", "epsilon")):  # fmt: skip
             value = group[key]
-            if not _at_least_zero(key, value, where):
+            if not at_least_zero(key, value, where, "0.01"):
                 raise ConfigError(f"Invalid {label} value: {value}{where}; {key} must be >= 0")
         refuse_cpu_meaningless(group, where, self.front)
 
