@@ -44,6 +44,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..._platform.hostmem import HostBuffer
 from ..._storage.transfer import IOQueue
@@ -231,6 +232,13 @@ class DriveSet:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Each drive as a report names it: index, directory, backend, whether ``O_DIRECT`` works, its filesystem."""
+        from .report import machine_info
+
+        return [{"index": d.index, "dir": str(d.directory), "backend": d.backend, "direct_io_supported": d.direct,
+                 "filesystem": machine_info(d.directory).get("filesystem")} for d in self.drives]  # fmt: skip
 
     # -- timed transfers ----------------------------------------------------------
     def _require_open(self) -> None:

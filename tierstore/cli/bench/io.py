@@ -61,7 +61,7 @@ from ...backends import BACKENDS, open_backend, supports_direct_io
 from ...errors import ConfigError
 from ...sizes import format_size, parse_size
 from . import rawio, resources
-from .io_options import check_directories, directories_of, int_list, size_list
+from .io_options import check_directories, directories_of, int_list, run_rounds, size_list
 from .io_report import plot, render, summarize, verdicts
 from .report import gbps, hardware_line, machine_info, write_json
 from .verdict import MIN_REPEATS, overall
@@ -388,8 +388,6 @@ def _rotate(items: Sequence[Any], by: int) -> list[Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; print the table; write JSON and PNG when asked."""
-    from tqdm import tqdm
-
     from . import io_drives
 
     if len(directories_of(args)) > 1:
@@ -407,18 +405,12 @@ def run(args: argparse.Namespace) -> int:
     started = time.time()
     try:
         bench.setup()
-        rounds = bench.plan()
-        total = sum(1 for steps in rounds for label, _ in steps if label)
-        with tqdm(total=total, desc="bench io", unit="trial", disable=None, leave=False) as bar:
-            for rnd, steps in enumerate(rounds):
-                bench.round = rnd
-                memory.append(rawio.memory_bandwidth(mem_bytes))
-                for label, step in steps:
-                    if label:
-                        bar.set_postfix_str(label, refresh=False)
-                    step()
-                    if label:
-                        bar.update(1)
+
+        def before_round(rnd: int) -> None:
+            bench.round = rnd
+            memory.append(rawio.memory_bandwidth(mem_bytes))
+
+        run_rounds(bench.plan(), desc="bench io", before_round=before_round)
     finally:
         bench.cleanup()
     kinds = (["raw"] if bench.direct else []) + [b for b in config.backends if b != "direct" or bench.direct]

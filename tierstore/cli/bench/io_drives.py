@@ -36,7 +36,7 @@ from ...sizes import format_size, parse_size
 from . import rawio, resources
 from .drives import DriveSet, TrialLog, sweep_steps
 from .drives_report import plot, render, summarize
-from .io_options import check_directories, directories_of, int_list, size_list
+from .io_options import check_directories, directories_of, int_list, run_rounds, size_list
 from .report import hardware_line, machine_info, write_json
 
 __all__ = ["DrivesConfig", "run"]
@@ -104,8 +104,6 @@ def _needs(config: DrivesConfig) -> resources.Needs:
 
 def run(args: argparse.Namespace) -> int:
     """Measure, print the table, write JSON and PNG when asked."""
-    from tqdm import tqdm
-
     config = DrivesConfig.from_args(args)
     needs = _needs(config)
     for directory in config.directories:
@@ -118,20 +116,10 @@ def run(args: argparse.Namespace) -> int:
     drives.open()
     try:
         plan = sweep_steps(drives, requests=config.requests, workers=config.workers, rounds=config.rounds, record=log)
-        total = sum(1 for steps in plan for label, _ in steps if label)
-        with tqdm(total=total, desc="bench io", unit="trial", disable=None, leave=False) as bar:
-            for steps in plan:
-                memory.append(rawio.memory_bandwidth(mem_bytes))
-                for label, step in steps:
-                    if label:
-                        bar.set_postfix_str(label, refresh=False)
-                    step()
-                    if label:
-                        bar.update(1)
+        run_rounds(plan, desc="bench io", before_round=lambda _: memory.append(rawio.memory_bandwidth(mem_bytes)))
     finally:
         drives.close()
-    described = [{"index": d.index, "dir": str(d.directory), "backend": d.backend, "direct_io_supported": d.direct,
-                  "filesystem": machine_info(d.directory).get("filesystem")} for d in drives.drives]
+    described = drives.describe()
     result = summarize(log.trials, drives=described, memory_GBps=memory)
     machine = machine_info(config.directories[0])
     print(render(result, machine=machine))

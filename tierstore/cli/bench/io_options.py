@@ -1,4 +1,5 @@
-"""The options ``tierstore bench io`` and ``tierstore tune`` share: lists of sizes and counts, the directories to measure.
+"""What ``tierstore bench io`` and ``tierstore tune`` share: their options (lists of sizes and counts, the
+directories to measure) and the loop that runs their trials under one progress bar (:func:`run_rounds`).
 
 Example
 -------
@@ -10,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ...errors import ConfigError
 from ...sizes import parse_size
 
-__all__ = ["size_list", "int_list", "directories_of", "check_directories"]
+__all__ = ["size_list", "int_list", "directories_of", "check_directories", "run_rounds"]
 
 
 def size_list(text: str, name: str) -> tuple[int, ...]:
@@ -76,3 +78,37 @@ def check_directories(directories: list[Path], *, flag: str = "DIR") -> None:
             raise ConfigError(f"{flag} {str(directory)!r} is {str(seen[key])!r} given twice; give each directory once "
                               "(two directories on one drive are fine)")
         seen[key] = directory
+
+
+def run_rounds(
+    rounds: Sequence[Sequence[tuple[str, Callable[[], object]]]],
+    *,
+    desc: str,
+    before_round: Callable[[int], object] | None = None,
+) -> None:
+    """Run each round's ``(label, step)`` pairs in order, under one progress bar that counts the labelled steps.
+
+    ``before_round(r)`` runs before round ``r``'s first step (e.g. a memory bandwidth sample). An empty
+    label is a step that is not a trial (setup between trials): it runs, uncounted.
+
+    Example
+    -------
+    >>> done = []
+    >>> run_rounds([[("a", lambda: done.append("a")), ("", lambda: done.append("-"))]], desc="demo",
+    ...            before_round=lambda r: done.append(r))
+    >>> done
+    [0, 'a', '-']
+    """
+    from tqdm import tqdm
+
+    total = sum(1 for steps in rounds for label, _ in steps if label)
+    with tqdm(total=total, desc=desc, unit="trial", disable=None, leave=False) as bar:
+        for rnd, steps in enumerate(rounds):
+            if before_round is not None:
+                before_round(rnd)
+            for label, step in steps:
+                if label:
+                    bar.set_postfix_str(label, refresh=False)
+                step()
+                if label:
+                    bar.update(1)

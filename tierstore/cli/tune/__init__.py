@@ -150,14 +150,13 @@ def _drive_figures(summary: dict[str, Any], request: int, workers: int, settings
 
 def run(args: argparse.Namespace) -> int:
     """Measure, pick, check against the defaults, write the knobs file; print each pick and why."""
-    from tqdm import tqdm
-
     from ..._config.knobs import Knobs
     from ..._config.knobs_file import encode_knobs_file, knobs_document
     from ..._state.atomic_write import atomic_write
     from ..._version import __version__
     from ..bench import drives_report, rawio, resources
     from ..bench.drives import DriveSet, TrialLog, sweep_steps
+    from ..bench.io_options import run_rounds
     from ..bench.report import hardware_line, machine_info, write_json
     from . import picks
     from .cpu import time_with_io
@@ -178,16 +177,9 @@ def run(args: argparse.Namespace) -> int:
     drives.open()
     try:
         plan = sweep_steps(drives, requests=config.requests, workers=config.workers, rounds=config.rounds, record=log)
-        total = sum(1 for steps in plan for label, _ in steps if label)
-        with tqdm(total=total, desc="tune: drives", unit="trial", disable=None, leave=False) as bar:
-            for steps in plan:
-                for label, step in steps:
-                    step()
-                    if label:
-                        bar.update(1)
-        described = [{"index": d.index, "dir": str(d.directory), "backend": d.backend, "direct_io_supported": d.direct,
-                      "filesystem": machine_info(d.directory).get("filesystem")} for d in drives.drives]
-        result = drives_report.summarize(log.trials, drives=described, memory_GBps=[rawio.memory_bandwidth(64 * MiB)])
+        run_rounds(plan, desc="tune: drives")
+        result = drives_report.summarize(log.trials, drives=drives.describe(),
+                                         memory_GBps=[rawio.memory_bandwidth(64 * MiB)])  # fmt: skip
         io = picks.pick_io(result["settings"], kind=kind)
         request, workers = io.value["request_bytes"], io.value["io_workers"]
         update = time_with_io(drives, config.threads, request_bytes=request, workers=workers,
